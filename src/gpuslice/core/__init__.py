@@ -1,0 +1,1 @@
+"""Pure domain logic: no I/O, clocks, threads or third-party imports."""

@@ -1,0 +1,193 @@
+"""Hardware snapshot + settings -> the resources advertised to the kubelet.
+
+Follows upstream naming: whole GPUs and single-strategy MIG devices are
+nvidia.com/gpu, mixed-strategy MIG devices are nvidia.com/mig-<profile> with
+'+' turned into '.', and replicas are "<uuid>::<n>" devices under the rule's
+name or its rename. A resource with no devices is not advertised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice, replica_id
+from gpuslice.core.errors import HardwareError
+from gpuslice.core.sharing import (
+    GPU_RESOURCE,
+    MIG_MIXED,
+    MIG_NONE,
+    MIG_SINGLE,
+    NONE,
+    ReplicaRule,
+    ResourceSettings,
+)
+
+RESOURCE_PREFIX = "nvidia.com/"
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedDevice:
+    """One device as the kubelet sees it (a GPU, a MIG device or a replica)."""
+
+    id: str  # kubelet device ID, annotated for replicas
+    physical_id: str  # GPU or MIG UUID behind it
+    gpu_uuid: str  # the physical GPU that holds it
+    index: str  # "0" for a GPU, "0:1" for a MIG device
+    paths: tuple[str, ...]
+    numa_node: int | None
+    memory_mib: int
+    replicas: int = 1  # shares of physical_id advertised in this resource
+
+    @property
+    def is_mig(self) -> bool:
+        return ":" in self.index
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    name: str
+    devices: tuple[AdvertisedDevice, ...]
+    sharing: str = NONE  # the node's active strategy when this resource is replicated
+    fail_requests_greater_than_one: bool = False
+    _by_id: dict[str, AdvertisedDevice] = field(
+        init=False, repr=False, compare=False, hash=False, default_factory=dict
+    )
+
+    @property
+    def socket_name(self) -> str:
+        return socket_name(self.name)
+
+    @property
+    def replicated(self) -> bool:
+        return any(d.replicas > 1 for d in self.devices)
+
+    @property
+    def whole_gpus(self) -> bool:
+        """True when every device is a full, unshared GPU (topology-aware path)."""
+        return not any(d.is_mig or d.replicas > 1 for d in self.devices)
+
+    def device(self, device_id: str) -> AdvertisedDevice | None:
+        return self._by_id.get(device_id)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
+
+
+def socket_name(resource_name: str) -> str:
+    """nvidia.com/gpu -> nvidia-gpu.sock; nvidia.com/mig-1g.5gb -> nvidia-mig-1g.5gb.sock."""
+    short = resource_name.removeprefix(RESOURCE_PREFIX).replace("/", "-")
+    return f"nvidia-{short}.sock"
+
+
+def mig_resource_name(profile: str) -> str:
+    return f"{RESOURCE_PREFIX}mig-{profile.replace('+', '.')}"
+
+
+def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> tuple[Resource, ...]:
+    """The resources to advertise, sorted by name. Raises HardwareError when the
+    layout breaks the MIG strategy's rules."""
+    base = _base_devices(snapshot, settings.mig_strategy)
+    plan = settings.sharing
+    grouped: dict[str, list[AdvertisedDevice]] = {name: [] for name in base}
+    replicated: set[str] = set()
+    for name, devices in base.items():
+        rule = next((r for r in plan.rules if r.name == name), None)
+        if rule is None:
+            grouped[name].extend(devices)
+            continue
+        chosen = _select(devices, rule)
+        target = grouped.setdefault(rule.advertised_name, [])
+        replicated.add(rule.advertised_name)
+        for dev in devices:
+            if dev.id not in chosen:
+                grouped[name].append(dev)
+                continue
+            target.extend(
+                replace(dev, id=replica_id(dev.physical_id, n), replicas=rule.replicas)
+                for n in range(rule.replicas)
+            )
+    return tuple(
+        Resource(
+            name=name,
+            devices=tuple(devs),
+            sharing=plan.strategy if name in replicated else NONE,
+            fail_requests_greater_than_one=plan.fail_requests_greater_than_one,
+        )
+        for name, devs in sorted(grouped.items())
+        if devs
+    )
+
+
+def _gpu_device(gpu: Gpu) -> AdvertisedDevice:
+    return AdvertisedDevice(
+        id=gpu.uuid,
+        physical_id=gpu.uuid,
+        gpu_uuid=gpu.uuid,
+        index=str(gpu.index),
+        paths=(gpu.device_path,),
+        numa_node=gpu.numa_node,
+        memory_mib=gpu.memory_mib,
+    )
+
+
+def _mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
+    return AdvertisedDevice(
+        id=mig.uuid,
+        physical_id=mig.uuid,
+        gpu_uuid=gpu.uuid,
+        index=f"{gpu.index}:{mig.index}",
+        paths=(gpu.device_path, *mig.cap_paths),
+        numa_node=gpu.numa_node,
+        memory_mib=mig.memory_mib,
+    )
+
+
+def _base_devices(snapshot: HardwareSnapshot, strategy: str) -> dict[str, list[AdvertisedDevice]]:
+    gpus = snapshot.gpus
+    if strategy == MIG_NONE:
+        return {GPU_RESOURCE: [_gpu_device(g) for g in gpus]}
+    if strategy == MIG_SINGLE:
+        return {GPU_RESOURCE: _single_strategy(gpus)}
+    if strategy == MIG_MIXED:
+        out: dict[str, list[AdvertisedDevice]] = {GPU_RESOURCE: []}
+        for gpu in gpus:
+            if not gpu.mig_enabled:
+                out[GPU_RESOURCE].append(_gpu_device(gpu))
+            for mig in gpu.mig_devices:
+                out.setdefault(mig_resource_name(mig.profile), []).append(_mig_device(gpu, mig))
+        return out
+    raise HardwareError(f"unknown MIG strategy {strategy!r}: use none, single or mixed")
+
+
+def _single_strategy(gpus: tuple[Gpu, ...]) -> list[AdvertisedDevice]:
+    enabled = {g.mig_enabled for g in gpus}
+    if len(enabled) > 1:
+        raise HardwareError(
+            "migStrategy single: all devices on the node must be configured with the same "
+            "migEnabled value; use migStrategy mixed for a node with MIG and non-MIG GPUs"
+        )
+    if enabled != {True}:
+        return [_gpu_device(g) for g in gpus]
+    empty = [str(g.index) for g in gpus if not g.mig_devices]
+    if empty:
+        raise HardwareError(
+            f"migStrategy single: MIG-enabled GPU {', '.join(empty)} has no MIG devices; "
+            "create MIG devices or disable MIG on it"
+        )
+    profiles = sorted({m.profile for g in gpus for m in g.mig_devices})
+    if len(profiles) > 1:
+        raise HardwareError(
+            f"migStrategy single: more than one MIG device type present on node "
+            f"({', '.join(profiles)}); use migStrategy mixed"
+        )
+    return [_mig_device(g, m) for g in gpus for m in g.mig_devices]
+
+
+def _select(devices: list[AdvertisedDevice], rule: ReplicaRule) -> set[str]:
+    sel = rule.devices
+    if sel is None:
+        return {d.id for d in devices}
+    if isinstance(sel, int):
+        return {d.id for d in devices[:sel]}
+    wanted = set(sel)
+    return {d.id for d in devices if d.index in wanted or d.physical_id in wanted}

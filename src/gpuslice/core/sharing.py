@@ -1,0 +1,44 @@
+"""What the config asks for, in core terms: the MIG strategy and replica rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NONE = "none"
+TIME_SLICING = "time-slicing"
+MPS = "mps"
+
+MIG_NONE = "none"
+MIG_SINGLE = "single"
+MIG_MIXED = "mixed"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRule:
+    """Advertise `replicas` shares of each selected device of resource `name`."""
+
+    name: str
+    replicas: int
+    rename: str = ""  # advertise under this name instead ("" keeps `name`)
+    # None selects every device; an int the first N; strings are GPU indexes
+    # ("0"), MIG indexes ("0:1") or UUIDs.
+    devices: int | tuple[str, ...] | None = None
+
+    @property
+    def advertised_name(self) -> str:
+        return self.rename or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class SharingPlan:
+    strategy: str = NONE  # none | time-slicing | mps
+    rules: tuple[ReplicaRule, ...] = ()
+    fail_requests_greater_than_one: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSettings:
+    mig_strategy: str = MIG_NONE
+    sharing: SharingPlan = field(default_factory=SharingPlan)
