@@ -9,7 +9,7 @@ class ConfigError(GpusliceError):
     """A config a user wrote is invalid; the message is one line naming the field."""
 
 
-class InvalidRequest(GpusliceError):
+class InvalidRequest(GpusliceError):  # noqa: N818 - the protocol term
     """A kubelet request that cannot be honoured (maps to INVALID_ARGUMENT)."""
 
 

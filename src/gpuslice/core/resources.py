@@ -8,6 +8,7 @@ name or its rename. A resource with no devices is not advertised.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice, replica_id
@@ -52,6 +53,9 @@ class Resource:
     _by_id: dict[str, AdvertisedDevice] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )
+    _per_gpu: Counter[str] = field(
+        init=False, repr=False, compare=False, hash=False, default_factory=Counter
+    )
 
     @property
     def socket_name(self) -> str:
@@ -69,8 +73,14 @@ class Resource:
     def device(self, device_id: str) -> AdvertisedDevice | None:
         return self._by_id.get(device_id)
 
+    @property
+    def devices_per_gpu(self) -> Counter[str]:
+        """How many of this resource's devices each physical GPU holds."""
+        return self._per_gpu
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
+        object.__setattr__(self, "_per_gpu", Counter(d.gpu_uuid for d in self.devices))
 
 
 def socket_name(resource_name: str) -> str:

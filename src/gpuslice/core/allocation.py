@@ -1,0 +1,121 @@
+"""Preferred allocation and request validation for one resource.
+
+Whole GPUs use the NVLink-aware best set; replicas and MIG devices use one
+greedy loop whose order is the policy: `distributed` spreads picks over
+physical GPUs (distinct GPUs first, then the least loaded), `packed` fills
+the most loaded GPU first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from gpuslice.core.devices import is_replica
+from gpuslice.core.errors import InvalidRequest
+from gpuslice.core.resources import AdvertisedDevice, Resource
+from gpuslice.core.response import PACKED
+from gpuslice.core.sharing import MPS, NONE
+from gpuslice.core.topology import Topology
+
+
+def known_devices(resource: Resource, ids: Sequence[str], what: str) -> list[AdvertisedDevice]:
+    """The devices behind `ids`; InvalidRequest for an unknown or repeated ID."""
+    out: list[AdvertisedDevice] = []
+    seen: set[str] = set()
+    for device_id in ids:
+        dev = resource.device(device_id)
+        if dev is None:
+            raise InvalidRequest(f"{what}: unknown device {device_id!r} for {resource.name}")
+        if device_id in seen:
+            raise InvalidRequest(f"{what}: device {device_id!r} listed more than once")
+        seen.add(device_id)
+        out.append(dev)
+    return out
+
+
+def preferred_allocation(
+    resource: Resource,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    *,
+    policy: str,
+    topology: Topology | None = None,
+) -> list[str]:
+    """The devices the kubelet should take for one container request."""
+    if size <= 0:
+        raise InvalidRequest(f"allocation size must be at least 1, got {size}")
+    avail = known_devices(resource, available, "available devices")
+    known_devices(resource, must_include, "must-include devices")
+    missing = [d for d in must_include if d not in {a.id for a in avail}]
+    if missing:
+        raise InvalidRequest(f"must-include device {missing[0]!r} is not among the available ones")
+    if len(must_include) > size:
+        raise InvalidRequest(
+            f"{len(must_include)} must-include devices exceed the allocation size {size}"
+        )
+    if size > len(avail):
+        raise InvalidRequest(
+            f"not enough available devices to satisfy allocation: {size} requested, "
+            f"{len(avail)} available for {resource.name}"
+        )
+    if topology is not None and resource.whole_gpus:
+        return topology.best_set([d.id for d in avail], list(must_include), size)
+    return _greedy(avail, list(must_include), size, resource, packed=policy == PACKED)
+
+
+def _greedy(
+    avail: list[AdvertisedDevice],
+    required: list[str],
+    size: int,
+    resource: Resource,
+    *,
+    packed: bool,
+) -> list[str]:
+    total = resource.devices_per_gpu
+    free = Counter(d.gpu_uuid for d in avail)
+    picks = Counter(resource.device(d).gpu_uuid for d in required)  # type: ignore[union-attr]
+    queues: dict[str, list[str]] = {}
+    first: dict[str, int] = {}
+    taken = set(required)
+    for pos, dev in enumerate(avail):
+        first.setdefault(dev.gpu_uuid, pos)
+        if dev.id not in taken:
+            queues.setdefault(dev.gpu_uuid, []).append(dev.id)
+    for q in queues.values():
+        q.reverse()  # pop() from the end keeps the available order
+    out = list(required)
+    while len(out) < size:
+        candidates = [g for g, q in queues.items() if q]
+
+        def key(g: str) -> tuple[int, ...]:
+            used = total[g] - free[g] + picks[g]
+            if packed:
+                return (-used, first[g])
+            return (picks[g], used, first[g])
+
+        gpu = min(candidates, key=key)
+        out.append(queues[gpu].pop())
+        picks[gpu] += 1
+    return out
+
+
+def validate_allocate(resource: Resource, ids: Sequence[str]) -> list[AdvertisedDevice]:
+    """Check one container's Allocate request; return its devices."""
+    if not ids:
+        raise InvalidRequest(f"empty container request for {resource.name}: no device IDs")
+    devices = known_devices(resource, ids, "invalid request")
+    if (
+        resource.fail_requests_greater_than_one
+        and resource.sharing != NONE
+        and len(ids) > 1
+        and any(is_replica(i) for i in ids)
+    ):
+        block = "mps" if resource.sharing == MPS else "timeSlicing"
+        raise InvalidRequest(
+            f'invalid allocation request for "{resource.name}": maximum request size for '
+            f"shared resources is 1; found {len(ids)}. Request 1 {resource.name} per container, "
+            f"or set sharing.{block}.failRequestsGreaterThanOne: false to allow more"
+        )
+    return devices

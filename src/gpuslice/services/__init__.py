@@ -1,0 +1,1 @@
+"""asyncio orchestration of the core and the adapters (injected, never imported)."""

@@ -1,0 +1,163 @@
+"""The node agent: hardware + config -> served resources, kept truthful.
+
+Blocking backend calls run on one worker thread; health-event waits on a
+dedicated thread; everything else on the asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import structlog
+
+from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.core.errors import GpusliceError
+from gpuslice.core.health import XidPolicy, apply_event
+from gpuslice.core.ports import GpuBackend
+from gpuslice.core.resources import Resource, build_resources
+from gpuslice.core.response import AllocateOptions
+from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.topology import Topology
+from gpuslice.services.health_thread import HealthThread
+from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
+
+log = structlog.get_logger("gpuslice.agent")
+
+T = TypeVar("T")
+KUBELET_SOCKET = "kubelet.sock"
+
+# (directory, names) -> async context yielding (name, "created" | "deleted") events.
+DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
+DirWatch = Callable[[str, Collection[str] | None], DirEvents]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the agent needs from the effective config."""
+
+    resources: ResourceSettings
+    allocate: AllocateOptions
+    fail_on_init_error: bool = True
+    xid_policy: XidPolicy = field(default_factory=XidPolicy)
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class AgentDeps:
+    open_backend: Callable[[], GpuBackend]  # raises BackendError when NVML cannot start
+    load_settings: Callable[[], Settings]  # raises ConfigError
+    endpoint_factory: EndpointFactory
+    plugin_dir: str
+    watch: DirWatch | None = None  # None: no kubelet-restart detection (tests of parts)
+    control_devices: tuple[str, ...] = ()
+
+
+class Agent:
+    def __init__(self, deps: AgentDeps) -> None:
+        self._deps = deps
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
+        self.manager = PluginManager(deps.endpoint_factory, control_devices=deps.control_devices)
+        self._backend: GpuBackend | None = None
+        self._settings: Settings | None = None
+        self._snapshot: HardwareSnapshot | None = None
+        self._unhealthy: frozenset[str] = frozenset()
+        self.ready = asyncio.Event()  # set once every resource was served the first time
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        return tuple(h.resource for h in self.manager.handlers.values())
+
+    async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
+        """Serve until `stop` is set; each set of `reload` re-reads the config."""
+        settings = self._deps.load_settings()
+        for warning in settings.warnings:
+            log.warning("config_warning", detail=warning)
+        try:
+            self._backend = await self._call(self._deps.open_backend)
+        except GpusliceError as exc:
+            if settings.fail_on_init_error:
+                raise
+            log.error("backend_unavailable_waiting", error=str(exc), fail_on_init_error=False)
+            await stop.wait()
+            return
+        try:
+            await self._apply(settings)
+            self.ready.set()
+            async with contextlib.AsyncExitStack() as stack:
+                stack.enter_context(HealthThread(self._backend, self._on_event))
+                tasks = [asyncio.create_task(self._watch_kubelet())]
+                if reload is not None:
+                    tasks.append(asyncio.create_task(self._reload_loop(reload)))
+                try:
+                    await stop.wait()
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await self.manager.stop()
+            backend = self._backend
+            await self._call(backend.close)
+            self._pool.shutdown(wait=True)
+            log.info("agent_stopped")
+
+    async def reload(self) -> bool:
+        """Re-read the config and apply it; a bad one keeps the last good one."""
+        try:
+            settings = self._deps.load_settings()
+            await self._apply(settings)
+        except GpusliceError as exc:
+            log.error("config_rejected_keeping_last_good", error=str(exc))
+            return False
+        return True
+
+    async def _apply(self, settings: Settings) -> None:
+        assert self._backend is not None
+        snapshot = await self._call(self._backend.snapshot)
+        resources = build_resources(snapshot, settings.resources)  # raises HardwareError
+        self._settings, self._snapshot = settings, snapshot
+        topology = Topology.from_snapshot(snapshot)
+        await self.manager.apply(resources, settings.allocate, topology)
+        if not resources:
+            log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
+
+    def _on_event(self, event: HealthEvent) -> None:
+        """Called on the loop for each backend health event."""
+        policy = self._settings.xid_policy if self._settings else XidPolicy()
+        before = self._unhealthy
+        self._unhealthy = apply_event(before, event, policy)
+        if self._unhealthy == before:
+            log.info("health_event_ignored", gpu=event.gpu_uuid, kind=event.kind, xid=event.xid)
+            return
+        changed = self.manager.set_unhealthy(self._unhealthy)
+        state = "unhealthy" if event.gpu_uuid in self._unhealthy else "healthy"
+        log.warning(
+            f"gpu_{state}", gpu=event.gpu_uuid, kind=event.kind, xid=event.xid, resources=changed
+        )
+
+    async def _reload_loop(self, reload: asyncio.Event) -> None:
+        while True:
+            await reload.wait()
+            reload.clear()
+            await self.reload()
+
+    async def _watch_kubelet(self) -> None:
+        if self._deps.watch is None:
+            return
+        async with self._deps.watch(self._deps.plugin_dir, None) as events:
+            async for name, kind in events:
+                if name == KUBELET_SOCKET and kind == "created":
+                    await self.manager.kubelet_restarted()
+                elif kind == "deleted":
+                    for res, handler in self.manager.handlers.items():
+                        if handler.resource.socket_name == name:
+                            await self.manager.socket_deleted(res)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
