@@ -71,9 +71,12 @@ def container_allocation(
         mounts.append(Mount("/dev/shm", posixpath.join(opts.mps_root, "shm")))
     for extra in _extras(opts):
         envs[f"NVIDIA_{extra.upper()}"] = "enabled"
+    specs: tuple[DeviceSpec, ...] = ()
+    # As upstream: with only CDI strategies the runtime injects the devices.
     if strategies & {ENVVAR, VOLUME_MOUNTS}:
         _visible_devices(envs, mounts, visible, strategies, opts)
-    specs = _device_specs(devices, opts, control_devices) if opts.pass_device_specs else ()
+        if opts.pass_device_specs:
+            specs = _device_specs(devices, opts, control_devices)
     return ContainerAllocation(
         envs=envs,
         mounts=tuple(mounts),

@@ -107,7 +107,8 @@ def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> t
             continue
         chosen = _select(devices, rule)
         target = grouped.setdefault(rule.advertised_name, [])
-        replicated.add(rule.advertised_name)
+        if chosen:
+            replicated.add(rule.advertised_name)
         for dev in devices:
             if dev.id not in chosen:
                 grouped[name].append(dev)

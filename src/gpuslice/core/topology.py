@@ -53,7 +53,7 @@ class Topology:
             picked = (*required, *combo)
             inside = sum(self.score(a, b) for a, b in combinations(picked, 2))
             left = [u for u in rest if u not in combo]
-            cut = sum(self.score(a, b) for a in combo for b in left)
+            cut = sum(self.score(a, b) for a in picked for b in left)
             key = (inside, -cut)
             if best is None or key > best:
                 best, chosen = key, combo
