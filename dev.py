@@ -55,7 +55,10 @@ def test(extra: list[str]) -> int:
         [str(BIN / "pytest"), *extra],
     ]
     for step in steps:
-        print(f"dev.py: {' '.join(Path(step[0]).name if i == 0 else a for i, a in enumerate(step))}", flush=True)
+        print(
+            f"dev.py: {' '.join(Path(step[0]).name if i == 0 else a for i, a in enumerate(step))}",
+            flush=True,
+        )
         code = _run(*step)
         if code != 0:
             print(f"dev.py: step failed with exit code {code}", flush=True)

@@ -77,10 +77,10 @@ def _greedy(
     free = Counter(d.gpu_uuid for d in avail)
     picks = Counter(resource.device(d).gpu_uuid for d in required)  # type: ignore[union-attr]
     queues: dict[str, list[str]] = {}
-    first: dict[str, int] = {}
+    order: dict[str, int] = {}  # ties go to the lowest GPU index, whatever the kubelet's order
     taken = set(required)
-    for pos, dev in enumerate(avail):
-        first.setdefault(dev.gpu_uuid, pos)
+    for dev in avail:
+        order.setdefault(dev.gpu_uuid, dev.gpu_index)
         if dev.id not in taken:
             queues.setdefault(dev.gpu_uuid, []).append(dev.id)
     for q in queues.values():
@@ -92,8 +92,8 @@ def _greedy(
         def key(g: str) -> tuple[int, ...]:
             used = total[g] - free[g] + picks[g]
             if packed:
-                return (-used, first[g])
-            return (picks[g], used, first[g])
+                return (-used, order[g])
+            return (picks[g], used, order[g])
 
         gpu = min(candidates, key=key)
         out.append(queues[gpu].pop())

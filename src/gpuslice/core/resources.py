@@ -40,6 +40,10 @@ class AdvertisedDevice:
     replicas: int = 1  # shares of physical_id advertised in this resource
 
     @property
+    def gpu_index(self) -> int:
+        return int(self.index.split(":", 1)[0])
+
+    @property
     def is_mig(self) -> bool:
         return ":" in self.index
 

@@ -70,6 +70,12 @@ class Agent:
         self.ready = asyncio.Event()  # set once every resource was served the first time
 
     @property
+    def snapshot(self) -> HardwareSnapshot:
+        """The hardware as last seen (only after `ready` is set)."""
+        assert self._snapshot is not None
+        return self._snapshot
+
+    @property
     def resources(self) -> tuple[Resource, ...]:
         return tuple(h.resource for h in self.manager.handlers.values())
 

@@ -1,0 +1,104 @@
+"""FakeBackend: a GpuBackend over a described node, with injected health events."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+import structlog
+
+from gpuslice.adapters.fake.events import EventFile, parse_event
+from gpuslice.adapters.fake.profiles import load_spec
+from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+
+_log = structlog.get_logger()
+
+FALLEN_OFF_THE_BUS_XID = 79
+
+
+class FakeBackend:
+    """Serves a fixed snapshot; health follows the optional events file.
+
+    A GPU is lost (probe False) after {"lost": true} or XID 79 until a
+    {"recovered": true} line. A lost GPU stays in the snapshot. Malformed
+    event lines are skipped, logged as warnings and kept in `warnings`.
+    """
+
+    def __init__(
+        self,
+        snapshot: HardwareSnapshot,
+        events_path: str | os.PathLike[str] | None = None,
+        *,
+        poll_interval_s: float = 0.02,
+    ) -> None:
+        self._snapshot = snapshot
+        self._events = EventFile(events_path) if events_path is not None else None
+        self._poll_s = poll_interval_s
+        self._pending: deque[HealthEvent] = deque()
+        self._lost: set[str] = set()
+        self._warnings: list[str] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        parents = {m.uuid: g.uuid for g in snapshot.gpus for m in g.mig_devices}
+        self._parent = parents | {g.uuid: g.uuid for g in snapshot.gpus}
+
+    @classmethod
+    def from_spec(cls, spec: str, events_path: str | None = None) -> FakeBackend:
+        """`spec` is a built-in profile name or a YAML node file path (ConfigError if bad)."""
+        return cls(load_spec(spec), events_path)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """One line per skipped event line."""
+        with self._lock:
+            return tuple(self._warnings)
+
+    def snapshot(self) -> HardwareSnapshot:
+        return self._snapshot
+
+    def wait_event(self, timeout_s: float) -> HealthEvent | None:
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            with self._lock:
+                self._ingest()
+                if self._pending:
+                    return self._pending.popleft()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed.is_set():
+                return None
+            self._closed.wait(min(self._poll_s, remaining) if self._events else remaining)
+
+    def probe(self, gpu_uuid: str) -> bool:
+        """True unless the GPU (or a MIG device's parent) is lost or unknown."""
+        with self._lock:
+            self._ingest()
+            parent = self._parent.get(gpu_uuid)
+            return parent is not None and parent not in self._lost
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            self._events = None
+
+    def _ingest(self) -> None:
+        """Read new event lines, update health state and queue the events."""
+        if self._events is None:
+            return
+        for number, line in self._events.new_lines():
+            try:
+                event = parse_event(line, self._snapshot)
+            except ValueError as exc:
+                self._warnings.append(f"{self._events.path}:{number}: {exc}; line skipped")
+                _log.warning(
+                    "fake_event_skipped", file=str(self._events.path), line=number, reason=str(exc)
+                )
+                continue
+            if event is None:
+                continue
+            if event.kind == "lost" or event.xid == FALLEN_OFF_THE_BUS_XID:
+                self._lost.add(event.gpu_uuid)
+            elif event.kind == "recovered":
+                self._lost.discard(event.gpu_uuid)
+            self._pending.append(event)

@@ -1,0 +1,1 @@
+"""Protobuf definitions of the kubelet APIs and their generated Python modules."""

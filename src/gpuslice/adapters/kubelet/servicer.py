@@ -1,0 +1,132 @@
+"""The DevicePlugin gRPC service for one resource, over a core PluginHandler."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from gpuslice.adapters.kubelet.api import pb, pb_grpc
+from gpuslice.adapters.kubelet.convert import allocation_to_pb, device_list
+from gpuslice.core.errors import InvalidRequest
+from gpuslice.core.ports import PluginHandler
+
+_log = structlog.get_logger()
+_T = TypeVar("_T")
+_Ctx = grpc.aio.ServicerContext[Any, Any]
+_OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    """Translates protobuf to PluginHandler calls; the handler owns every decision.
+
+    InvalidRequest becomes INVALID_ARGUMENT with its message; any other exception
+    is logged with its stack and becomes INTERNAL, and the server keeps serving.
+    """
+
+    def __init__(self, handler: PluginHandler) -> None:
+        self._handler = handler
+        self._resource = handler.resource_name
+        self._stopping = asyncio.Event()
+
+    def stop_streams(self) -> None:
+        """End every ListAndWatch stream (each returns after its current send)."""
+        self._stopping.set()
+
+    async def GetDevicePluginOptions(  # noqa: N802
+        self, request: pb.Empty, context: _Ctx
+    ) -> pb.DevicePluginOptions:
+        return _OPTIONS
+
+    async def ListAndWatch(  # noqa: N802
+        self, request: pb.Empty, context: _Ctx
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        handler = self._handler
+        seen = handler.generation
+        _log.info("list_and_watch_opened", resource=self._resource, generation=seen)
+        try:
+            yield device_list(handler.devices())
+            while await self._changed(seen):
+                seen = handler.generation
+                yield device_list(handler.devices())
+                _log.info("list_and_watch_sent", resource=self._resource, generation=seen)
+        except Exception:
+            _log.exception("list_and_watch_failed", resource=self._resource)
+            raise
+        finally:
+            _log.info("list_and_watch_closed", resource=self._resource)
+
+    async def _changed(self, seen: int) -> bool:
+        """Wait for the next generation; False once the server is stopping."""
+        if self._stopping.is_set():
+            return False
+        changed = asyncio.ensure_future(self._handler.wait_changed(seen))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((changed, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (changed, stopping):
+                task.cancel()
+            await asyncio.gather(changed, stopping, return_exceptions=True)
+        return not self._stopping.is_set()
+
+    async def GetPreferredAllocation(  # noqa: N802
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: _Ctx,
+    ) -> pb.PreferredAllocationResponse:
+        prefer = self._handler.preferred_allocation
+        return await self._call(
+            "GetPreferredAllocation",
+            context,
+            lambda: pb.PreferredAllocationResponse(
+                container_responses=[
+                    pb.ContainerPreferredAllocationResponse(
+                        deviceIDs=prefer(
+                            list(req.available_deviceIDs),
+                            list(req.must_include_deviceIDs),
+                            req.allocation_size,
+                        )
+                    )
+                    for req in request.container_requests
+                ]
+            ),
+        )
+
+    async def Allocate(  # noqa: N802
+        self,
+        request: pb.AllocateRequest,
+        context: _Ctx,
+    ) -> pb.AllocateResponse:
+        allocate = self._handler.allocate
+        return await self._call(
+            "Allocate",
+            context,
+            lambda: pb.AllocateResponse(
+                container_responses=[
+                    allocation_to_pb(allocate(list(req.devices_ids)))
+                    for req in request.container_requests
+                ]
+            ),
+        )
+
+    async def PreStartContainer(  # noqa: N802
+        self,
+        request: pb.PreStartContainerRequest,
+        context: _Ctx,
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+    async def _call(self, method: str, context: _Ctx, work: Callable[[], _T]) -> _T:
+        try:
+            return work()
+        except InvalidRequest as exc:
+            _log.warning("request_rejected", resource=self._resource, method=method, error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            _log.exception("request_failed", resource=self._resource, method=method)
+            message = f"{method} for {self._resource} failed: {type(exc).__name__}: {exc}"
+            await context.abort(grpc.StatusCode.INTERNAL, message[:300])

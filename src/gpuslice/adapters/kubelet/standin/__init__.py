@@ -1,0 +1,35 @@
+"""A kubelet stand-in for tests and demos (see kubelet.py); never a replacement for the kubelet."""
+
+from gpuslice.adapters.kubelet.standin.kubelet import KubeletStandin
+from gpuslice.adapters.kubelet.standin.names import (
+    extended_resource_name_problem,
+    is_extended_resource_name,
+)
+from gpuslice.adapters.kubelet.standin.records import (
+    UNEXPECTED_ADMISSION_ERROR,
+    AdmissionError,
+    AdmittedContainer,
+    DeviceState,
+    InsufficientResourceError,
+    NodeStatus,
+    PluginOptions,
+    RegistrationRecord,
+    StaleStream,
+    StandinError,
+)
+
+__all__ = [
+    "UNEXPECTED_ADMISSION_ERROR",
+    "AdmissionError",
+    "AdmittedContainer",
+    "DeviceState",
+    "InsufficientResourceError",
+    "KubeletStandin",
+    "NodeStatus",
+    "PluginOptions",
+    "RegistrationRecord",
+    "StaleStream",
+    "StandinError",
+    "extended_resource_name_problem",
+    "is_extended_resource_name",
+]

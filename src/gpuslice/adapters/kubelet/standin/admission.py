@@ -1,0 +1,50 @@
+"""How the kubelet picks and allocates devices for one container at pod admission."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from gpuslice.adapters.kubelet.standin.endpoint import PluginEndpoint
+from gpuslice.adapters.kubelet.standin.records import AdmissionError
+from gpuslice.core.response import ContainerAllocation
+
+
+def pick(available: Sequence[str], preferred: Sequence[str], needed: int) -> tuple[str, ...]:
+    """The plugin's preference is advice: keep its available IDs (first `needed`,
+    no repeats), then fill up from the available ones in order."""
+    chosen: list[str] = []
+    allowed = set(available)
+    for dev in (*preferred, *available):
+        if len(chosen) == needed:
+            break
+        if dev in allowed and dev not in chosen:
+            chosen.append(dev)
+    return tuple(chosen)
+
+
+async def allocate_container(
+    ep: PluginEndpoint | None, resource: str, count: int, taken: Collection[str]
+) -> tuple[tuple[str, ...], ContainerAllocation]:
+    """Choose `count` healthy devices not in `taken` and call Allocate for them."""
+    if ep is None or not ep.connected:
+        raise AdmissionError(resource, f"cannot allocate unregistered device {resource}")
+    healthy = sorted(d.id for d in ep.devices.values() if d.healthy)
+    if not healthy:
+        raise AdmissionError(
+            resource, f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+        )
+    available = [d for d in healthy if d not in taken]
+    if len(available) < count:
+        raise AdmissionError(
+            resource,
+            f"requested number of devices unavailable for {resource}. "
+            f"Requested: {count}, Available: {len(available)}",
+        )
+    preferred: list[str] = []
+    if ep.options.get_preferred_allocation_available:
+        preferred = await ep.preferred_allocation(available, [], count)
+    chosen = pick(available, preferred, count)
+    (allocation,) = await ep.allocate([chosen])
+    if ep.options.pre_start_required:
+        await ep.pre_start(chosen)
+    return chosen, allocation

@@ -1,0 +1,137 @@
+"""The stand-in's client side of one registered plugin: options, device stream, calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+import structlog
+
+from gpuslice.adapters.kubelet.api import HEALTHY, pb, pb_grpc, unix_target
+from gpuslice.adapters.kubelet.convert import allocation_from_pb
+from gpuslice.adapters.kubelet.standin.records import AdmissionError, DeviceState, PluginOptions
+from gpuslice.core.response import ContainerAllocation
+
+_log = structlog.get_logger()
+_T = TypeVar("_T")
+Callback = Callable[["PluginEndpoint"], Awaitable[None]]
+
+
+class PluginEndpoint:
+    """A dialled plugin socket with its latest ListAndWatch device list."""
+
+    def __init__(
+        self, resource: str, endpoint: str, socket_path: str, on_update: Callback, on_end: Callback
+    ) -> None:
+        self.resource = resource
+        self.endpoint = endpoint
+        self.socket_path = socket_path
+        self.options = PluginOptions()
+        self.devices: dict[str, DeviceState] = {}
+        self.updates = 0  # ListAndWatch messages received
+        self.stream_open = False
+        self.stream_ended = asyncio.Event()
+        self.connected = False  # registered and its stream has not ended
+        self.end_reason = ""
+        self.registered_at = time.monotonic()
+        self._on_update = on_update
+        self._on_end = on_end
+        self._channel = grpc.aio.insecure_channel(unix_target(socket_path))
+        self.stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(self._channel)
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def connect(self, timeout_s: float) -> None:
+        """Ask for the plugin's options; raises grpc.aio.AioRpcError."""
+        opts = await self.stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout_s)
+        self.options = PluginOptions(
+            opts.pre_start_required, opts.get_preferred_allocation_available
+        )
+
+    def start_watch(self) -> None:
+        """Open ListAndWatch and keep the latest device list."""
+        self.connected = True
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def close(self) -> None:
+        """End our side of the stream and the channel (the kubelet dropping the endpoint)."""
+        self._closing = True
+        self.connected = False
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._channel.close()
+
+    async def _watch(self) -> None:
+        call = self.stub.ListAndWatch(pb.Empty())
+        self.stream_open = True
+        try:
+            async for msg in call:
+                self.devices = {d.ID: _device_state(d) for d in msg.devices}
+                self.updates += 1
+                await self._on_update(self)
+            self.end_reason = "stream ended by the plugin"
+        except grpc.aio.AioRpcError as exc:
+            self.end_reason = f"{exc.code().name}: {exc.details()}"
+        finally:
+            self.stream_open = False
+            self.stream_ended.set()
+        if not self._closing:
+            self.connected = False
+            _log.info("standin_stream_ended", resource=self.resource, reason=self.end_reason)
+            await self._on_end(self)
+
+    async def preferred_allocation(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available,
+                    must_include_deviceIDs=must_include,
+                    allocation_size=size,
+                )
+            ]
+        )
+        resp = await self._rpc("GetPreferredAllocation", self.stub.GetPreferredAllocation(request))
+        return [] if not resp.container_responses else list(resp.container_responses[0].deviceIDs)
+
+    async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        request = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
+        )
+        resp = await self._rpc("Allocate", self.stub.Allocate(request))
+        if len(resp.container_responses) != len(containers):
+            raise AdmissionError(
+                self.resource,
+                f"Allocate for {self.resource} returned {len(resp.container_responses)} "
+                f"container responses for {len(containers)} requests",
+            )
+        return [allocation_from_pb(r) for r in resp.container_responses]
+
+    async def pre_start(self, device_ids: Sequence[str]) -> None:
+        request = pb.PreStartContainerRequest(devices_ids=device_ids)
+        await self._rpc("PreStartContainer", self.stub.PreStartContainer(request))
+
+    async def _rpc(self, method: str, call: Awaitable[_T]) -> _T:
+        """Await a plugin call; an RPC error becomes the kubelet's admission failure."""
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+            raise AdmissionError(
+                self.resource,
+                f"{method} failed due to rpc error: code = {code} desc = {exc.details()}, "
+                "which is unexpected",
+                code,
+            ) from None
+
+
+def _device_state(dev: pb.Device) -> DeviceState:
+    return DeviceState(dev.ID, dev.health == HEALTHY, tuple(n.ID for n in dev.topology.nodes))

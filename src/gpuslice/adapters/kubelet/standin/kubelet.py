@@ -1,0 +1,359 @@
+"""A kubelet stand-in: the device manager's side of the device-plugin protocol.
+
+Test and demo code, never a replacement for the kubelet. Over real unix sockets
+it serves Registration on <dir>/kubelet.sock, dials each registered plugin, keeps
+its ListAndWatch device list, admits pods the way the kubelet does (preferred
+allocation, then Allocate), checkpoints allocations and simulates restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+import grpc
+import structlog
+
+from gpuslice.adapters.kubelet.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
+from gpuslice.adapters.kubelet.standin import checkpoint
+from gpuslice.adapters.kubelet.standin.admission import allocate_container
+from gpuslice.adapters.kubelet.standin.endpoint import PluginEndpoint
+from gpuslice.adapters.kubelet.standin.names import registration_problem
+from gpuslice.adapters.kubelet.standin.records import (
+    AdmittedContainer,
+    DeviceState,
+    InsufficientResourceError,
+    NodeStatus,
+    PluginOptions,
+    RegistrationRecord,
+    StaleStream,
+    StandinError,
+)
+from gpuslice.core.response import ContainerAllocation
+
+_log = structlog.get_logger()
+DIAL_TIMEOUT_S = 5.0  # how long Register waits for the plugin's options
+# A plugin that stopped its old server before registering again may have the old
+# stream's end still in flight; this long it may take to arrive.
+STREAM_END_GRACE_S = 0.5
+
+
+class _Registration(pb_grpc.RegistrationServicer):
+    def __init__(self, standin: KubeletStandin) -> None:
+        self._standin = standin
+
+    async def Register(  # noqa: N802
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.Empty:
+        problem = await self._standin._register(request)
+        if problem:
+            # The kubelet answers with a plain Go error, which gRPC sends as UNKNOWN.
+            await context.abort(grpc.StatusCode.UNKNOWN, problem)
+        return pb.Empty()
+
+
+class KubeletStandin:
+    """Behaves like the kubelet's device manager on `plugin_dir`.
+
+    Use `async with KubeletStandin(dir) as kubelet:` or start()/stop(). State
+    changes wake `wait_for`; `registrations` and `stale_streams` are logs for
+    assertions.
+    """
+
+    def __init__(self, plugin_dir: str) -> None:
+        self.plugin_dir = plugin_dir
+        self.socket_path = os.path.join(plugin_dir, KUBELET_SOCKET_NAME)
+        self.checkpoint_path = os.path.join(plugin_dir, checkpoint.CHECKPOINT_NAME)
+        self.registrations: list[RegistrationRecord] = []
+        self.stale_streams: list[StaleStream] = []
+        self.restarts = 0
+        self._endpoints: dict[str, PluginEndpoint] = {}
+        self._state = checkpoint.Checkpoint()
+        self._server: grpc.aio.Server | None = None
+        self._cond = asyncio.Condition()
+        self._register_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> KubeletStandin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # lifecycle
+
+    async def start(self) -> None:
+        """Like a starting kubelet: clear every socket in the directory, load the
+        checkpoint, then serve Registration on kubelet.sock."""
+        if self._server is not None:
+            raise StandinError("kubelet stand-in already started")
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        self._delete_sockets()
+        self._state = checkpoint.load(self.checkpoint_path)
+        server = grpc.aio.server()
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        try:
+            server.add_insecure_port(unix_target(self.socket_path))
+        except RuntimeError as exc:
+            await server.stop(None)
+            raise StandinError(f"cannot serve {self.socket_path}: {exc}") from None
+        await server.start()
+        self._server = server
+        _log.info("standin_started", socket=self.socket_path)
+        await self._notify()
+
+    async def stop(self) -> None:
+        """Stop serving and drop every plugin connection; leaves no tasks or channels."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(None)
+        endpoints, self._endpoints = list(self._endpoints.values()), {}
+        for ep in endpoints:
+            await ep.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        await self._notify()
+
+    async def restart(self, delay: float = 0.0) -> None:
+        """Simulate a kubelet restart: stop, delete every socket in the directory
+        (plugins' included), wait `delay` seconds, then create kubelet.sock again."""
+        await self.stop()
+        self._delete_sockets()
+        self.restarts += 1
+        _log.info("standin_restarting", delay=delay)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self.start()
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def _delete_sockets(self) -> None:
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.plugin_dir) as entries:
+            for entry in entries:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+    # registration
+
+    async def _register(self, req: pb.RegisterRequest) -> str | None:
+        """Handle Register; returns the kubelet's error text, or None when accepted."""
+        async with self._register_lock:
+            problem = registration_problem(req.version, req.resource_name)
+            ep: PluginEndpoint | None = None
+            if problem is None:
+                ep = PluginEndpoint(
+                    req.resource_name,
+                    req.endpoint,
+                    os.path.join(self.plugin_dir, req.endpoint),
+                    self._on_update,
+                    self._on_end,
+                )
+                try:
+                    await ep.connect(DIAL_TIMEOUT_S)
+                except grpc.aio.AioRpcError as exc:
+                    problem = f"failed to dial device plugin: {exc.code().name}: {exc.details()}"
+                except BaseException:
+                    await ep.close()  # cancelled by stop(): leave no channel behind
+                    raise
+                if problem is None and self._server is None:
+                    problem = "kubelet is shutting down"
+                if problem is not None:
+                    await ep.close()
+                    ep = None
+            if ep is not None:
+                await self._replace(ep)
+                ep.start_watch()
+            self.registrations.append(
+                RegistrationRecord(
+                    at=time.monotonic(),
+                    resource=req.resource_name,
+                    endpoint=req.endpoint,
+                    version=req.version,
+                    accepted=problem is None,
+                    error=problem or "",
+                    options=None if ep is None else ep.options,
+                )
+            )
+        if problem:
+            _log.warning("standin_register_rejected", resource=req.resource_name, error=problem)
+        else:
+            _log.info("standin_registered", resource=req.resource_name, endpoint=req.endpoint)
+        await self._notify()
+        return problem
+
+    async def _replace(self, ep: PluginEndpoint) -> None:
+        """Make `ep` the resource's endpoint, closing the old one's stream first."""
+        old = self._endpoints.get(ep.resource)
+        if old is not None:
+            if old.stream_open:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(old.stream_ended.wait(), STREAM_END_GRACE_S)
+            if old.stream_open:
+                self._stale(old, ep, "old stream still open when the resource registered again")
+            await old.close()
+        self._endpoints[ep.resource] = ep
+        if ep.resource not in self._state.resources:
+            self._state.resources.add(ep.resource)
+            self._save()
+
+    def _stale(self, old: PluginEndpoint, new: PluginEndpoint, detail: str) -> None:
+        self.stale_streams.append(
+            StaleStream(time.monotonic(), old.resource, old.endpoint, new.endpoint, detail)
+        )
+        _log.warning("standin_stale_stream", resource=old.resource, detail=detail)
+
+    async def _on_update(self, ep: PluginEndpoint) -> None:
+        await self._notify()
+
+    async def _on_end(self, ep: PluginEndpoint) -> None:
+        """A plugin's ListAndWatch stream ended without the stand-in closing it."""
+        current = self._endpoints.get(ep.resource)
+        if current is ep:
+            # As the kubelet does: every device of the resource turns Unhealthy.
+            ep.devices = {i: DeviceState(i, False, d.numa_nodes) for i, d in ep.devices.items()}
+        elif current is not None:
+            # The real kubelet is harsher here: when any old stream of a resource
+            # ends, it marks every device of the resource Unhealthy and drops the
+            # endpoint even though a newer instance registered, and the next pod
+            # fails with "no healthy devices present". We keep the new endpoint
+            # healthy and record the event so tests can assert it never happens.
+            detail = f"old stream ended after a newer registration: {ep.end_reason}"
+            self._stale(ep, current, detail)
+        await self._notify()
+
+    # admission
+
+    async def admit(
+        self, pod: str, containers: Mapping[str, Mapping[str, int]]
+    ) -> list[AdmittedContainer]:
+        """Admit a pod: containers maps container name -> {resource: count}.
+
+        Raises InsufficientResourceError when the pod asks for more than a resource's capacity
+        (the scheduler keeps it Pending) and AdmissionError when device admission
+        fails (the kubelet fails it with UnexpectedAdmissionError; nothing is kept).
+        """
+        if pod in self._state.allocations:
+            raise StandinError(f"pod {pod} is already admitted")
+        totals: Counter[str] = Counter()
+        for requests in containers.values():
+            totals.update(requests)
+        capacity = self.node_status().capacity
+        for resource, count in sorted(totals.items()):
+            if count > capacity.get(resource, 0):
+                raise InsufficientResourceError(pod, resource)
+        held = self._state.held()
+        admitted: list[AdmittedContainer] = []
+        for ctr, requests in containers.items():
+            for resource in sorted(r for r, n in requests.items() if n > 0):
+                ep = self._endpoints.get(resource)
+                taken = held.setdefault(resource, set())
+                ids, alloc = await allocate_container(ep, resource, requests[resource], taken)
+                taken.update(ids)
+                admitted.append(AdmittedContainer(pod, ctr, resource, ids, alloc))
+        self._state.record(pod, [(a.container, a.resource, a.device_ids) for a in admitted])
+        self._save()
+        _log.info("standin_admitted", pod=pod, devices=[a.device_ids for a in admitted])
+        await self._notify()
+        return admitted
+
+    async def release(self, pod: str) -> None:
+        """The pod is gone: its devices are free again."""
+        if self._state.allocations.pop(pod, None) is not None:
+            self._save()
+            await self._notify()
+
+    def allocations(self) -> dict[str, dict[str, dict[str, tuple[str, ...]]]]:
+        """pod -> container -> resource -> device IDs, as checkpointed."""
+        return {
+            pod: {ctr: dict(res) for ctr, res in by_ctr.items()}
+            for pod, by_ctr in self._state.allocations.items()
+        }
+
+    async def preferred_allocation(
+        self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        """Send one GetPreferredAllocation container request; AdmissionError on failure."""
+        return await self._endpoint_for(resource).preferred_allocation(
+            available, must_include, size
+        )
+
+    async def allocate(
+        self, resource: str, containers: Sequence[Sequence[str]]
+    ) -> list[ContainerAllocation]:
+        """Send one Allocate with a request per container; AdmissionError on failure."""
+        return await self._endpoint_for(resource).allocate(containers)
+
+    # observation
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def wait_for(
+        self, predicate: Callable[[KubeletStandin], bool], timeout_s: float = 5.0
+    ) -> None:
+        """Return once predicate(self) holds, re-checked on every state change."""
+        async with self._cond:
+            try:
+                await asyncio.wait_for(self._cond.wait_for(lambda: predicate(self)), timeout_s)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"kubelet stand-in condition not met within {timeout_s}s; "
+                    f"node status: {self.node_status()!r}"
+                ) from None
+
+    def resources(self) -> list[str]:
+        """Every resource ever registered (the checkpoint remembers them across restarts)."""
+        return sorted(self._state.resources)
+
+    def endpoint(self, resource: str) -> str | None:
+        """The socket base name serving the resource now, if registered and streaming."""
+        ep = self._endpoints.get(resource)
+        return ep.endpoint if ep is not None and ep.connected else None
+
+    def options(self, resource: str) -> PluginOptions | None:
+        ep = self._endpoints.get(resource)
+        return None if ep is None else ep.options
+
+    def devices(self, resource: str) -> dict[str, DeviceState]:
+        """The latest device list of the resource (empty when not registered)."""
+        ep = self._endpoints.get(resource)
+        return {} if ep is None else dict(ep.devices)
+
+    def updates(self, resource: str) -> int:
+        """How many ListAndWatch messages the current endpoint has sent."""
+        ep = self._endpoints.get(resource)
+        return 0 if ep is None else ep.updates
+
+    def node_status(self) -> NodeStatus:
+        status = NodeStatus()
+        held = self._state.held()
+        for name in self.resources():
+            devs = self.devices(name).values()
+            taken = held.get(name, set())
+            status.capacity[name] = len(devs)
+            status.allocatable[name] = sum(d.healthy for d in devs)
+            status.allocated[name] = len(taken)
+            status.free[name] = sum(d.healthy and d.id not in taken for d in devs)
+        return status
+
+    def plugin_stub(self, resource: str) -> pb_grpc.DevicePluginAsyncStub:
+        """The raw DevicePlugin client of a registered resource, for wire-level calls."""
+        return self._endpoint_for(resource).stub
+
+    def _endpoint_for(self, resource: str) -> PluginEndpoint:
+        ep = self._endpoints.get(resource)
+        if ep is None:
+            raise StandinError(f"no plugin registered for {resource}")
+        return ep
+
+    def _save(self) -> None:
+        checkpoint.save(self.checkpoint_path, self._state)

@@ -1,0 +1,177 @@
+"""The `gpuslice` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from gpuslice import __version__
+from gpuslice.config.flags import FLAGS
+from gpuslice.core.errors import GpusliceError
+
+F = TypeVar("F", bound=Callable[..., Any])
+FLAG_PARAMS = {f.param: f.name for f in FLAGS}
+
+
+def flag_options(fn: F, *, taken: frozenset[str] = frozenset()) -> F:
+    """Every upstream flag as an option; env vars are read by the config resolver.
+    Spellings in `taken` belong to the command itself and are left out."""
+    for flag in reversed(FLAGS):
+        names = [o for o in flag.options if o not in taken]
+        extra: dict[str, Any] = {}
+        if flag.is_bool:
+            extra = {"is_flag": False, "flag_value": "true", "metavar": "BOOL"}
+        elif flag.choices:
+            extra = {"metavar": "|".join(flag.choices)}
+        env = ", ".join(flag.env)
+        text = f"{flag.help} [env: {env}; default: {flag.default_text or 'unset'}]"
+        fn = click.option(*names, flag.param, default=None, help=text, **extra)(fn)
+    return fn
+
+
+def hardware_options(fn: F) -> F:
+    fn = click.option(
+        "--fake-events",
+        metavar="FILE",
+        help="JSON-lines file of injected health events for the simulated backend",
+    )(fn)
+    fn = click.option(
+        "--fake-hardware",
+        metavar="PROFILE|FILE",
+        help="simulate this node (a built-in profile or a YAML node file) instead of NVML",
+    )(fn)
+    return click.option(
+        "--config-name", metavar="NAME", help="the entry to use from a ConfigMap manifest"
+    )(fn)
+
+
+def run_options(ctx: click.Context, params: dict[str, Any]) -> Any:
+    """RunOptions from the parsed command line: only explicitly given flags count."""
+    from gpuslice.wiring import RunOptions
+
+    given = {
+        FLAG_PARAMS[p]: str(v)
+        for p, v in params.items()
+        if p in FLAG_PARAMS
+        and v is not None
+        and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
+    }
+    return RunOptions(
+        cli_values=given,
+        env=dict(os.environ),
+        config_name=params.get("config_name"),
+        fake_hardware=params.get("fake_hardware"),
+        fake_events=params.get("fake_events"),
+    )
+
+
+def fail(exc: Exception) -> None:
+    click.echo(f"gpuslice: error: {exc}", err=True)
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gpuslice")
+def main() -> None:
+    """Share NVIDIA GPUs between Kubernetes pods (drop-in for NVIDIA's device plugin)."""
+
+
+@main.command()
+@hardware_options
+@flag_options
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
+)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.pass_context
+def run(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
+    """Run the node agent: serve every resource to the kubelet until SIGTERM."""
+    from gpuslice import logs
+    from gpuslice.services.agent import Agent
+    from gpuslice.wiring import agent_deps
+
+    opts = run_options(ctx, params)
+    node = os.environ.get("NODE_NAME", "")
+    logs.setup(log_level, log_format, bound={"node": node} if node else None)
+    try:
+        asyncio.run(_serve(Agent(agent_deps(opts))))
+    except GpusliceError as exc:
+        fail(exc)
+
+
+async def _serve(agent: Any) -> None:
+    loop = asyncio.get_running_loop()
+    stop, reload = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
+    await agent.run(stop, reload)
+
+
+def _inspect_flag_options(fn: F) -> F:
+    return flag_options(fn, taken=frozenset({"--output", "-o"}))
+
+
+@main.command()
+@hardware_options
+@_inspect_flag_options
+@click.option("--output", "output_format", type=click.Choice(["table", "json"]), default="table")
+@click.pass_context
+def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
+    """Show what a config advertises on some hardware, without a kubelet."""
+    from gpuslice.inspect import inspect_node, render_table
+
+    opts = run_options(ctx, params)
+    try:
+        report = inspect_node(opts)
+    except GpusliceError as exc:
+        fail(exc)
+    if output_format == "json":
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        click.echo(render_table(report))
+
+
+@main.command()
+@click.option("--profile", default="dgx-a100", show_default=True, help="simulated node profile")
+@click.option("--verbose", is_flag=True, help="also print the agent's log lines")
+def demo(profile: str, verbose: bool) -> None:
+    """Run the agent on a simulated node against a kubelet stand-in and show what it does."""
+    from gpuslice.demo import run_demo
+
+    try:
+        asyncio.run(run_demo(profile, verbose=verbose, out=click.echo))
+    except GpusliceError as exc:
+        fail(exc)
+
+
+@main.group()
+def config() -> None:
+    """Config file tools."""
+
+
+@config.command("validate")
+@click.argument("file", type=click.Path(dir_okay=True))
+@click.option("--config-name", metavar="NAME", help="the entry to check in a ConfigMap manifest")
+def validate(file: str, config_name: str | None) -> None:
+    """Check a config file, ConfigMap manifest or mounted ConfigMap directory."""
+    from gpuslice.config.loader import load_all
+    from gpuslice.config.summary import describe
+
+    try:
+        configs = load_all(file, name=config_name)
+    except GpusliceError as exc:
+        fail(exc)
+    for loaded in configs:
+        for warning in loaded.warnings:
+            click.echo(f"warning: {loaded.source}: {warning}", err=True)
+        click.echo(f"{loaded.source or file}: valid")
+        click.echo(describe(loaded.config))

@@ -1,0 +1,1 @@
+"""The v1 config file: schema, loading, validation and flag/env precedence."""

@@ -1,0 +1,205 @@
+"""Read configs from text, files, ConfigMap manifests and mounted ConfigMap directories.
+
+The only module of the package that reads YAML. A document is either a plain v1 config or
+a ConfigMap manifest whose `data` maps config names to config text. Every failure is a
+ConfigError with a one-line message; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuslice.config.checks import show
+from gpuslice.config.decode import config_error, decode_config
+from gpuslice.config.load_rules import apply_load_rules
+from gpuslice.config.v1 import Config
+
+MAX_BYTES = 1 << 20  # what a ConfigMap can hold; anything larger is not a config
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    config: Config
+    warnings: tuple[str, ...] = ()
+    source: str = ""  # where it came from: a path, or "path[entry]" for a ConfigMap entry
+    name: str | None = None  # the ConfigMap entry or directory file it was chosen from
+
+
+def load_config(text: str, *, source: str = "<config>", name: str | None = None) -> LoadedConfig:
+    """A config from YAML/JSON text; `name` picks a ConfigMap entry (optional for one entry)."""
+    doc = _parse(text, source)
+    entries = _configmap_entries(doc, source)
+    if entries is None:
+        if name is not None:
+            problem = f"a config name ({show(name)}) was given, but this is not a ConfigMap"
+            raise config_error(source, "", problem)
+        return _build(doc, source, None)
+    return _load_entry(entries, select_config_name(entries, name, source=source), source)
+
+
+def load_configmap(text: str, *, source: str = "<configmap>") -> dict[str, LoadedConfig]:
+    """Every config of a ConfigMap manifest, by entry name."""
+    entries = _configmap_entries(_parse(text, source), source)
+    if entries is None:
+        raise config_error(source, "kind", "missing; expected a ConfigMap manifest")
+    return {key: _load_entry(entries, key, source) for key in entries}
+
+
+def load_config_file(path: str | os.PathLike[str], *, name: str | None = None) -> LoadedConfig:
+    """A config from a file (plain or ConfigMap manifest) or a mounted ConfigMap directory."""
+    where = Path(path)
+    if where.is_dir():
+        files = config_dir_entries(where)
+        chosen = select_config_name(files, name, source=str(where))
+        return replace(load_config_file(files[chosen]), name=chosen)
+    return load_config(_read(where), source=str(where), name=name)
+
+
+def config_dir_entries(path: str | os.PathLike[str]) -> dict[str, Path]:
+    """The config files of a mounted ConfigMap directory by name, without its `..` entries."""
+    where = Path(path)
+    try:
+        names = sorted(os.listdir(where))
+    except OSError as exc:
+        raise config_error(str(where), "", f"cannot list the directory: {exc.strerror}") from None
+    return {n: where / n for n in names if not n.startswith("..") and (where / n).is_file()}
+
+
+def load_config_dir(path: str | os.PathLike[str]) -> dict[str, LoadedConfig]:
+    """Every config of a mounted ConfigMap directory, by file name."""
+    return {n: replace(load_config_file(f), name=n) for n, f in config_dir_entries(path).items()}
+
+
+def select_config_name(available: Iterable[str], wanted: str | None, *, source: str) -> str:
+    """The entry `wanted` names: exact, or a file name without its extension (a100 ->
+    a100.yaml). With no name, the only entry. Raises listing what is available."""
+    names = sorted(available)
+    listing = ", ".join(names) or "none"
+    if wanted is None:
+        if len(names) == 1:
+            return names[0]
+        count = f"{len(names)} configs ({listing})" if names else "no configs"
+        raise config_error(source, "", f"holds {count}; name the one to use")
+    if wanted in names:
+        return wanted
+    stems = [n for n in names if os.path.splitext(n)[0] == wanted]
+    if len(stems) == 1:
+        return stems[0]
+    problem = "is ambiguous" if stems else "does not exist"
+    raise config_error(source, "", f"config {show(wanted)} {problem}; available: {listing}")
+
+
+def _read(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise config_error(str(path), "", f"cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        where = f"byte {show(data[exc.start : exc.start + 1].hex())} at offset {exc.start}"
+        raise config_error(str(path), "", f"not UTF-8 text ({where})") from None
+
+
+def _parse(text: str, source: str) -> object:
+    if len(text) > MAX_BYTES:
+        raise config_error(source, "", f"larger than {MAX_BYTES} bytes; not a config")
+    if text.lstrip(" \t\r\n\ufeff")[:1] in ("{", "["):
+        try:
+            return json.loads(text, object_pairs_hook=_unique_pairs)
+        except (ValueError, RecursionError):
+            pass  # YAML flow style (`{version: v1}`) is not JSON; YAML reports the error
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        context = exc.context if exc.context and not exc.context.startswith("while ") else None
+        problem = ", ".join(p for p in (context, exc.problem) if p) or "malformed"
+        raise config_error(source, "", f"{where}not valid YAML or JSON: {problem}") from None
+    except RecursionError:
+        raise config_error(source, "", "not a config: nested too deeply") from None
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+        detail = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise config_error(source, "", f"not valid YAML or JSON: {detail}") from None
+
+
+def _configmap_entries(doc: object, source: str) -> dict[str, str] | None:
+    """A ConfigMap's data, checked; None when `doc` is a plain config document."""
+    if not isinstance(doc, dict) or not ({"kind", "apiVersion"} & doc.keys()):
+        return None
+    if doc.get("kind") != "ConfigMap":
+        problem = f"got {show(doc.get('kind'))}; expected ConfigMap (or a plain config)"
+        raise config_error(source, "kind", problem)
+    data = doc.get("data") or {}
+    if not isinstance(data, dict):
+        raise config_error(source, "data", f"got {show(data)}; expected a mapping of named configs")
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise config_error(
+                source, "data", f"key {show(key)} is not a string; each config needs a text name"
+            )
+        if not isinstance(value, str):
+            problem = f"got {show(value)}; expected the config's text (a YAML | block)"
+            raise config_error(source, f"data.{key}", problem)
+    if not data:
+        raise config_error(source, "data", "the ConfigMap holds no configs")
+    return data
+
+
+def _load_entry(entries: dict[str, str], key: str, source: str) -> LoadedConfig:
+    where = f"{source}[{key}]"
+    return _build(_parse(entries[key], where), where, key)
+
+
+def _build(doc: object, source: str, name: str | None) -> LoadedConfig:
+    config, warnings = apply_load_rules(decode_config(doc, source), source)
+    return LoadedConfig(config, warnings, source, name)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key")
+    return out
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML says keys are unique)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"key {show(key_node.value)} is given twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_all(path: str | os.PathLike[str], *, name: str | None = None) -> list[LoadedConfig]:
+    """Every config a file or directory holds (only `name` when given): what
+    `gpuslice config validate` checks."""
+    where = Path(path)
+    if name is not None:
+        return [load_config_file(where, name=name)]
+    if where.is_dir():
+        return list(load_config_dir(where).values())
+    text = _read(where)
+    if _configmap_entries(_parse(text, str(where)), str(where)) is None:
+        return [load_config(text, source=str(where))]
+    return list(load_configmap(text, source=str(where)).values())

@@ -1,0 +1,38 @@
+"""Human and machine views of an effective config (for `gpuslice config validate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gpuslice.config.flags import with_defaults
+from gpuslice.config.v1 import Config
+
+
+def describe(config: Config) -> str:
+    """A few lines: MIG strategy, sharing strategy, one line per replica rule, device flags."""
+    config = with_defaults(config)
+    flags, plugin, sharing = config.flags, config.flags.plugin, config.sharing
+    fail = "true" if sharing.fail_requests_greater_than_one else "false"
+    block = sharing.replicated
+    lines = [f"migStrategy: {flags.mig_strategy}"]
+    if block is None:
+        lines.append("sharing: none")
+    else:
+        lines.append(f"sharing: {sharing.strategy} (failRequestsGreaterThanOne: {fail})")
+        for rule in block.resources:
+            renamed = f", advertised as {rule.rename}" if rule.rename else ""
+            lines.append(f"  {rule.name}: {rule.replicas} replicas{renamed}")
+    lines += [
+        f"deviceListStrategy: {','.join(plugin.list_strategies or ())}",
+        f"deviceIDStrategy: {plugin.device_id_strategy}",
+        f"sharedDevicesAllocationPolicy: {plugin.shared_devices_allocation_policy}",
+    ]
+    return "\n".join(lines)
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """The config as JSON-ready builtins, keys as in the file (camelCase)."""
+    data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(config))
+    return data

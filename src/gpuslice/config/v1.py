@@ -1,0 +1,212 @@
+"""The v1 config file schema (NVIDIA's `version: v1`), as frozen msgspec Structs.
+
+Field names are snake_case here and camelCase in the file. Every flag field is nullable:
+None means "not set in the file" and is filled by precedence (see flags.py). Values are
+checked when a struct is built, so a Config that exists is valid.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gpuslice.config.checks import (
+    ALLOCATION_POLICIES,
+    DISCOVERY_STRATEGIES,
+    EXPECTED,
+    ID_STRATEGIES,
+    MAX_REPLICAS,
+    MIG_STRATEGIES,
+    FieldError,
+    check_choice,
+    check_devices,
+    check_duration,
+    resource_name,
+)
+from gpuslice.core.response import LIST_STRATEGIES
+from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
+
+VERSION = "v1"
+
+DeviceRef = str | int
+Devices = str | int | tuple[DeviceRef, ...]
+
+
+class _Struct(
+    msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True, kw_only=True
+):
+    """Base of every block: camelCase keys, unknown keys refused, immutable (each subclass
+    repeats frozen=True for type checkers)."""
+
+
+class PluginFlags(_Struct, frozen=True):
+    """flags.plugin: device-plugin settings (GFD ignores them)."""
+
+    pass_device_specs: bool | None = None
+    device_list_strategy: str | tuple[str, ...] | None = None
+    device_id_strategy: str | None = msgspec.field(default=None, name="deviceIDStrategy")
+    cdi_annotation_prefix: str | None = None
+    nvidia_ctk_path: str | None = msgspec.field(default=None, name="nvidiaCTKPath")
+    container_driver_root: str | None = None
+    shared_devices_allocation_policy: str | None = None
+
+    def __post_init__(self) -> None:
+        strategies = self.list_strategies
+        if strategies is not None:
+            if not strategies:
+                raise FieldError("deviceListStrategy", [], EXPECTED["deviceListStrategy"])
+            many = not isinstance(self.device_list_strategy, str)
+            for i, name in enumerate(strategies):
+                field = f"deviceListStrategy[{i}]" if many else "deviceListStrategy"
+                check_choice(field, name, LIST_STRATEGIES)
+        check_choice("deviceIDStrategy", self.device_id_strategy, ID_STRATEGIES)
+        check_choice(
+            "sharedDevicesAllocationPolicy",
+            self.shared_devices_allocation_policy,
+            ALLOCATION_POLICIES,
+        )
+
+    @property
+    def list_strategies(self) -> tuple[str, ...] | None:
+        """deviceListStrategy as a tuple (the file may give one string or a list)."""
+        value = self.device_list_strategy
+        return (value,) if isinstance(value, str) else value
+
+
+class GfdFlags(_Struct, frozen=True):
+    """flags.gfd: feature-discovery settings (the device plugin ignores them)."""
+
+    oneshot: bool | None = None
+    no_timestamp: bool | None = None
+    sleep_interval: str | None = None
+    output_file: str | None = None
+    machine_type_file: str | None = None
+
+    def __post_init__(self) -> None:
+        check_duration("sleepInterval", self.sleep_interval)
+
+
+class Flags(_Struct, frozen=True):
+    """flags: settings shared by the device plugin and GFD."""
+
+    mig_strategy: str | None = None
+    fail_on_init_error: bool | None = None
+    mps_root: str | None = None
+    nvidia_driver_root: str | None = None
+    nvidia_dev_root: str | None = None
+    gdrcopy_enabled: bool | None = None
+    gds_enabled: bool | None = None
+    mofed_enabled: bool | None = None
+    use_node_feature_api: bool | None = msgspec.field(default=None, name="useNodeFeatureAPI")
+    device_discovery_strategy: str | None = None
+    plugin: PluginFlags = msgspec.field(default_factory=PluginFlags)
+    gfd: GfdFlags = msgspec.field(default_factory=GfdFlags)
+
+    def __post_init__(self) -> None:
+        check_choice("migStrategy", self.mig_strategy, MIG_STRATEGIES)
+        discovery = self.device_discovery_strategy
+        check_choice("deviceDiscoveryStrategy", discovery, DISCOVERY_STRATEGIES)
+
+
+class ResourceRule(_Struct, frozen=True):
+    """An entry of resources.gpus / resources.mig: devices matching `pattern` become `name`."""
+
+    pattern: str
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.pattern:
+            raise FieldError("pattern", self.pattern, EXPECTED["pattern"])
+        msgspec.structs.force_setattr(self, "name", resource_name("name", self.name))
+
+
+class Resources(_Struct, frozen=True):
+    """resources: custom naming (validated, then dropped at load as upstream does)."""
+
+    gpus: tuple[ResourceRule, ...] = ()
+    mig: tuple[ResourceRule, ...] = ()
+
+
+class ReplicatedResource(_Struct, frozen=True):
+    """One entry of sharing.<strategy>.resources."""
+
+    name: str
+    replicas: int
+    rename: str = ""
+    devices: Devices = "all"
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "name", resource_name("name", self.name))
+        if self.rename:
+            msgspec.structs.force_setattr(self, "rename", resource_name("rename", self.rename))
+        if not 2 <= self.replicas <= MAX_REPLICAS:
+            raise FieldError("replicas", self.replicas, EXPECTED["replicas"])
+        check_devices(self.devices)
+
+    @property
+    def advertised_name(self) -> str:
+        return self.rename or self.name
+
+
+class ReplicatedResources(_Struct, frozen=True):
+    """sharing.timeSlicing or sharing.mps."""
+
+    resources: tuple[ReplicatedResource, ...]
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.resources:
+            raise FieldError("resources", [], EXPECTED["timeSlicing.resources"])
+
+
+class Sharing(_Struct, frozen=True):
+    time_slicing: ReplicatedResources | None = None
+    mps: ReplicatedResources | None = None
+
+    @property
+    def replicated(self) -> ReplicatedResources | None:
+        """The block in force: mps whenever it is present (upstream's rule), else timeSlicing."""
+        return self.mps if self.mps is not None else self.time_slicing
+
+    @property
+    def strategy(self) -> str:
+        """mps, time-slicing or none, by upstream's rule (the first block with replicas > 1)."""
+        for name, block in ((MPS, self.mps), (TIME_SLICING, self.time_slicing)):
+            if block is not None and any(r.replicas > 1 for r in block.resources):
+                return name
+        return NONE
+
+    @property
+    def fail_requests_greater_than_one(self) -> bool:
+        """As set, else true under mps and false under time-slicing (upstream's defaults)."""
+        block = self.replicated
+        if block is None:
+            return False
+        if block.fail_requests_greater_than_one is not None:
+            return block.fail_requests_greater_than_one
+        return block is self.mps
+
+
+class Imex(_Struct, frozen=True):
+    channel_ids: tuple[int, ...] | None = msgspec.field(default=None, name="channelIDs")
+    required: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.channel_ids not in (None, (), (0,)):
+            raise FieldError("channelIDs", list(self.channel_ids or ()), EXPECTED["channelIDs"])
+
+
+class Config(_Struct, frozen=True):
+    """A whole v1 config file."""
+
+    version: str = VERSION
+    flags: Flags = msgspec.field(default_factory=Flags)
+    resources: Resources = msgspec.field(default_factory=Resources)
+    sharing: Sharing = msgspec.field(default_factory=Sharing)
+    imex: Imex = msgspec.field(default_factory=Imex)
+
+    def __post_init__(self) -> None:
+        if self.version == "":
+            msgspec.structs.force_setattr(self, "version", VERSION)
+        if self.version != VERSION:
+            raise FieldError("version", self.version, EXPECTED["version"])

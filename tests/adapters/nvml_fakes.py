@@ -1,0 +1,323 @@
+"""A behavioural stand-in for pynvml that serves one HardwareSnapshot.
+
+It implements only the read calls NvmlBackend uses (a set* call would fail
+with AttributeError), raises pynvml's own error classes, and lets a test
+inject XID/ECC events and lost GPUs. `host_tree` writes the matching /sys and
+/proc files, so NvmlBackend over FakeNvml should reproduce the snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pynvml
+
+from gpuslice.adapters.nvml import NvmlBackend
+from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
+
+MIB = 1024 * 1024
+NO_INSTANCE = 0xFFFFFFFF
+SWITCHES = 6  # NVSwitch chips a switched GPU spreads its links over
+_BRANDS: dict[str, int] = {"NVIDIA": pynvml.NVML_BRAND_NVIDIA, "Tesla": pynvml.NVML_BRAND_TESLA}
+_ARCHS: dict[str, int] = {
+    "Turing": pynvml.NVML_DEVICE_ARCH_TURING,
+    "Ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+    "Hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+}
+
+
+def fail(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class Dev:
+    gpu: Gpu
+    mig: MigDevice | None = None
+
+
+@dataclass
+class EventSet:
+    queue: list[SimpleNamespace] = field(default_factory=list)
+    registered: dict[str, int] = field(default_factory=dict)
+    freed: bool = False
+
+
+class FakeNvml:
+    """`switch_links`: serve every NVLink as going to an NVSwitch, that many per
+    GPU (how DGX systems look); otherwise peers are served as direct links."""
+
+    def __init__(
+        self,
+        snapshot: HardwareSnapshot,
+        *,
+        switch_links: int = 0,
+        init_error: int | None = None,
+        name_gi_profiles: bool = True,
+        register_errors: dict[int, int] | None = None,
+    ) -> None:
+        self.snap = snapshot
+        self.switch_links = switch_links
+        self.init_error = init_error
+        self.name_gi_profiles = name_gi_profiles
+        self.register_errors = register_errors or {}
+        self.devs = [Dev(g) for g in snapshot.gpus]
+        self.migs = {m.uuid: Dev(g, m) for g in snapshot.gpus for m in g.mig_devices}
+        profiles = sorted({_gi_profile(m) for g in snapshot.gpus for m in g.mig_devices})
+        self.gi_profiles = {name: 100 + i for i, name in enumerate(profiles)}
+        self.lost: set[str] = set()
+        self.inits = self.shutdowns = 0
+        self.event_sets: list[EventSet] = []
+        self._cond = threading.Condition()
+
+    # --- test controls --------------------------------------------------------
+
+    def fire(
+        self,
+        index: int,
+        event_type: int,
+        data: int = 0,
+        gi: int = NO_INSTANCE,
+        ci: int = NO_INSTANCE,
+    ) -> None:
+        dev = self.devs[index]
+        with self._cond:
+            for es in self.event_sets:
+                if es.registered.get(dev.gpu.uuid, 0) & event_type:
+                    es.queue.append(
+                        SimpleNamespace(
+                            device=dev,
+                            eventType=event_type,
+                            eventData=data,
+                            gpuInstanceId=gi,
+                            computeInstanceId=ci,
+                        )
+                    )
+            self._cond.notify_all()
+
+    def lose(self, index: int) -> None:
+        with self._cond:
+            self.lost.add(self.devs[index].gpu.uuid)
+            self._cond.notify_all()
+
+    # --- session and system ---------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise fail(self.init_error)
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.snap.driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return self.snap.nvml_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.snap.cuda_driver_version
+
+    # --- devices --------------------------------------------------------------
+
+    def _live(self, dev: Dev) -> Dev:
+        if dev.gpu.uuid in self.lost:
+            raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return dev
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devs)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Dev:
+        return self.devs[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Dev:
+        found = next((d for d in self.devs if d.gpu.uuid == uuid), None) or self.migs.get(uuid)
+        if found is None:
+            raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._live(found)
+
+    def nvmlDeviceGetUUID(self, dev: Dev) -> str:
+        return dev.mig.uuid if dev.mig else dev.gpu.uuid
+
+    def nvmlDeviceGetName(self, dev: Dev) -> bytes:
+        return dev.gpu.name.encode()
+
+    def nvmlDeviceGetMinorNumber(self, dev: Dev) -> int:
+        return dev.gpu.minor
+
+    def nvmlDeviceGetMemoryInfo(self, dev: Dev) -> SimpleNamespace:
+        self._live(dev)
+        mib = dev.mig.memory_mib if dev.mig else dev.gpu.memory_mib
+        return SimpleNamespace(total=mib * MIB, used=0, free=mib * MIB)
+
+    def nvmlDeviceGetCudaComputeCapability(self, dev: Dev) -> tuple[int, int]:
+        return dev.gpu.compute_capability
+
+    def nvmlDeviceGetPciInfo(self, dev: Dev) -> SimpleNamespace:
+        return SimpleNamespace(busId=dev.gpu.pci_bus_id.encode())
+
+    def nvmlDeviceGetBrand(self, dev: Dev) -> int:
+        return _BRANDS[dev.gpu.brand]
+
+    def nvmlDeviceGetArchitecture(self, dev: Dev) -> int:
+        return _ARCHS[dev.gpu.architecture]
+
+    def nvmlDeviceGetAttributes(self, dev: Dev) -> SimpleNamespace:
+        if dev.mig is None:
+            return SimpleNamespace(multiprocessorCount=dev.gpu.multiprocessors)
+        compute, slices = _slices(dev.mig.profile)
+        return SimpleNamespace(
+            multiprocessorCount=dev.mig.multiprocessors,
+            gpuInstanceSliceCount=slices,
+            computeInstanceSliceCount=compute,
+            memorySizeMB=dev.mig.memory_mib,
+        )
+
+    def nvmlDeviceGetComputeRunningProcesses(self, dev: Dev) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB) for p in dev.gpu.processes
+        ]
+
+    # --- MIG ------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, dev: Dev) -> list[int]:
+        if not dev.gpu.mig_capable:
+            raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(dev.gpu.mig_enabled)
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, dev: Dev) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, dev: Dev, index: int) -> Dev:
+        if index >= len(dev.gpu.mig_devices):
+            raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return self.migs[dev.gpu.mig_devices[index].uuid]
+
+    def nvmlDeviceGetGpuInstanceId(self, dev: Dev) -> int:
+        assert dev.mig is not None
+        return dev.mig.gi
+
+    def nvmlDeviceGetComputeInstanceId(self, dev: Dev) -> int:
+        assert dev.mig is not None
+        return dev.mig.ci
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, dev: Dev, index: int) -> SimpleNamespace:
+        for name, profile_id in self.gi_profiles.items():
+            if profile_id - 100 == index:
+                return SimpleNamespace(id=profile_id, name=f"MIG {name}".encode())
+        raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetGpuInstanceById(self, dev: Dev, gi: int) -> MigDevice:
+        if not self.name_gi_profiles:
+            raise fail(pynvml.NVML_ERROR_NO_PERMISSION)
+        return next(m for m in dev.gpu.mig_devices if m.gi == gi)
+
+    def nvmlGpuInstanceGetInfo(self, instance: MigDevice) -> SimpleNamespace:
+        return SimpleNamespace(profileId=self.gi_profiles[_gi_profile(instance)])
+
+    # --- NVLink ---------------------------------------------------------------
+
+    def _remotes(self, dev: Dev) -> list[str]:
+        if not dev.gpu.nvlinks:
+            return []
+        if self.switch_links:
+            return [
+                f"00000000:{0xA0 + link % SWITCHES:02X}:00.0" for link in range(self.switch_links)
+            ]
+        by_uuid = {d.gpu.uuid: d.gpu for d in self.devs}
+        return [by_uuid[peer].pci_bus_id for peer, count in dev.gpu.nvlinks for _ in range(count)]
+
+    def nvmlDeviceGetNvLinkState(self, dev: Dev, link: int) -> int:
+        remotes = self._remotes(dev)
+        if not remotes:
+            raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= len(remotes):
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, dev: Dev, link: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._remotes(dev)[link].lower().encode())
+
+    # --- events ---------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> EventSet:
+        self.event_sets.append(EventSet())
+        return self.event_sets[-1]
+
+    def nvmlDeviceGetSupportedEventTypes(self, dev: Dev) -> int:
+        error = self.register_errors.get(dev.gpu.index)
+        if error is not None:
+            raise fail(error)
+        supported: int = (
+            pynvml.nvmlEventTypeXidCriticalError
+            | pynvml.nvmlEventTypeDoubleBitEccError
+            | pynvml.nvmlEventTypeSingleBitEccError
+            | pynvml.nvmlEventTypePState
+        )
+        return supported
+
+    def nvmlDeviceRegisterEvents(self, dev: Dev, types: int, es: EventSet) -> None:
+        es.registered[dev.gpu.uuid] = types
+
+    def nvmlEventSetWait_v2(self, es: EventSet, timeout_ms: int) -> SimpleNamespace:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: es.queue or self._lost_watched(es), timeout=timeout_ms / 1000
+            )
+            if es.queue:
+                return es.queue.pop(0)
+            if self._lost_watched(es):
+                raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+            raise fail(pynvml.NVML_ERROR_TIMEOUT)
+
+    def _lost_watched(self, es: EventSet) -> bool:
+        return bool(self.lost & es.registered.keys())
+
+    def nvmlEventSetFree(self, es: EventSet) -> None:
+        es.freed = True
+
+
+def _slices(profile: str) -> tuple[int, int]:
+    """(compute slices, GPU slices) of "3g.20gb" or "1c.3g.20gb"."""
+    parts = profile.split(".")
+    slices = int(next(p for p in parts if p.endswith("g"))[:-1])
+    compute = int(parts[0][:-1]) if parts[0].endswith("c") else slices
+    return compute, slices
+
+
+def _gi_profile(mig: MigDevice) -> str:
+    return mig.profile.split(".", 1)[1] if mig.profile.split(".")[0].endswith("c") else mig.profile
+
+
+def host_tree(snapshot: HardwareSnapshot, root: Path) -> tuple[Path, Path]:
+    """Write the /sys and /proc files NvmlBackend reads for this snapshot."""
+    sys_root, proc_root = root / "sys", root / "proc"
+    dmi = sys_root / "class/dmi/id"
+    dmi.mkdir(parents=True)
+    (dmi / "product_name").write_text(snapshot.machine + "\n")
+    lines = ["config 1", "monitor 2"]
+    for gpu in snapshot.gpus:
+        domain, rest = gpu.pci_bus_id.split(":", 1)
+        device = sys_root / "bus/pci/devices" / f"{int(domain, 16):04x}:{rest.lower()}"
+        device.mkdir(parents=True)
+        numa = -1 if gpu.numa_node is None else gpu.numa_node
+        (device / "numa_node").write_text(f"{numa}\n")
+        for mig in gpu.mig_devices:
+            gi_cap, ci_cap = (int(p.rsplit("nvidia-cap", 1)[1]) for p in mig.cap_paths)
+            lines.append(f"gpu{gpu.minor}/gi{mig.gi}/access {gi_cap}")
+            lines.append(f"gpu{gpu.minor}/gi{mig.gi}/ci{mig.ci}/access {ci_cap}")
+    caps = proc_root / "driver/nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text("\n".join(lines) + "\n")
+    return sys_root, proc_root
+
+
+def open_backend(fake: FakeNvml, root: Path) -> NvmlBackend:
+    sys_root, proc_root = host_tree(fake.snap, root)
+    return NvmlBackend.open(lib=fake, sys_root=sys_root, proc_root=proc_root)

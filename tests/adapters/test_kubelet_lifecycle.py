@@ -1,0 +1,168 @@
+"""Kubelet restarts, plugin restarts and clean shutdown, over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from kubelet_fakes import FakeHandler, exists, make_resource, open_fds, short_dir
+
+from gpuslice.adapters.fswatch import CREATED, DELETED, DirEvent, DirWatcher
+from gpuslice.adapters.kubelet import DevicePluginServer
+from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[str]:
+    yield from short_dir()
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
+    async with KubeletStandin(plugin_dir) as standin:
+        yield standin
+
+
+async def _serve(
+    kubelet: KubeletStandin, plugin_dir: str, handler: FakeHandler, socket_name: str | None = None
+) -> DevicePluginServer:
+    srv = DevicePluginServer(handler, plugin_dir, socket_name)
+    await srv.start()
+    await srv.register(kubelet.socket_path)
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) == srv.socket_name and k.updates(GPU) > 0)
+    return srv
+
+
+async def _next(watcher: DirWatcher) -> DirEvent:
+    async with asyncio.timeout(5):
+        return await anext(watcher)
+
+
+async def test_restart_deletes_every_socket_and_creates_kubelet_sock_again(
+    kubelet: KubeletStandin, plugin_dir: str
+) -> None:
+    srv = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
+    names = {"kubelet.sock", srv.socket_name}
+    async with DirWatcher(plugin_dir, names, use_inotify=True) as watcher:
+        await kubelet.restart()
+        seen = [await _next(watcher) for _ in range(3)]
+    assert set(seen[:2]) == {
+        DirEvent("kubelet.sock", DELETED),
+        DirEvent(srv.socket_name, DELETED),
+    }
+    assert seen[2] == DirEvent("kubelet.sock", CREATED)
+    assert not srv.socket_present()
+    assert kubelet.restarts == 1
+    assert kubelet.node_status().capacity == {GPU: 0}
+    await srv.stop(0)
+    srv = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
+    assert kubelet.node_status().capacity == {GPU: 2}
+    await srv.stop(0)
+
+
+async def test_kubelet_sock_is_absent_during_the_restart_delay(
+    kubelet: KubeletStandin, plugin_dir: str
+) -> None:
+    async with DirWatcher(plugin_dir, {"kubelet.sock"}) as watcher:
+        restart = asyncio.create_task(kubelet.restart(delay=0.3))
+        assert await _next(watcher) == DirEvent("kubelet.sock", DELETED)
+        assert not exists(kubelet.socket_path)
+        assert not kubelet.serving
+        assert await _next(watcher) == DirEvent("kubelet.sock", CREATED)
+        await restart
+    assert kubelet.serving
+
+
+async def test_allocations_survive_a_restart(kubelet: KubeletStandin, plugin_dir: str) -> None:
+    handler = FakeHandler(make_resource(gpus=3, numa=(0, 0, 0)))
+    srv = await _serve(kubelet, plugin_dir, handler)
+    (first,) = await kubelet.admit("pod-1", {"main": {GPU: 2}})
+    await kubelet.restart()
+    await srv.stop(0)
+    srv = await _serve(kubelet, plugin_dir, handler)
+    assert kubelet.allocations() == {"pod-1": {"main": {GPU: first.device_ids}}}
+    (second,) = await kubelet.admit("pod-2", {"main": {GPU: 1}})
+    assert set(second.device_ids).isdisjoint(first.device_ids)
+    with pytest.raises(AdmissionError, match="Available: 0"):
+        await kubelet.admit("pod-3", {"main": {GPU: 1}})
+    await srv.stop(0)
+
+
+async def test_plugin_stream_ending_marks_its_devices_unhealthy(
+    kubelet: KubeletStandin, plugin_dir: str
+) -> None:
+    srv = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
+    await srv.stop(0)
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
+    status = kubelet.node_status()
+    assert (status.capacity[GPU], status.allocatable[GPU]) == (2, 0)
+    assert not any(d.healthy for d in kubelet.devices(GPU).values())
+    with pytest.raises(AdmissionError, match="unregistered device"):
+        await kubelet.admit("pod-1", {"main": {GPU: 1}})
+    assert kubelet.stale_streams == []
+
+
+async def test_a_clean_plugin_restart_never_leaves_a_stale_stream(
+    kubelet: KubeletStandin, plugin_dir: str
+) -> None:
+    handler = FakeHandler(make_resource())
+    srv = await _serve(kubelet, plugin_dir, handler)
+    for _ in range(3):
+        await srv.stop(1)
+        srv = await _serve(kubelet, plugin_dir, handler)
+        await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 2)
+    assert kubelet.stale_streams == []
+    assert [r.accepted for r in kubelet.registrations] == [True] * 4
+    await srv.stop(0)
+
+
+async def test_registering_again_while_the_old_stream_is_open_is_recorded(
+    kubelet: KubeletStandin, plugin_dir: str
+) -> None:
+    """The case where a real kubelet would later mark the new devices Unhealthy."""
+    old = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
+    new = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()), "nvidia-gpu-2.sock")
+    (stale,) = kubelet.stale_streams
+    assert (stale.resource, stale.old_endpoint, stale.new_endpoint) == (
+        GPU,
+        "nvidia-gpu.sock",
+        "nvidia-gpu-2.sock",
+    )
+    await old.stop(0)
+    assert kubelet.node_status().allocatable[GPU] == 2
+    assert kubelet.endpoint(GPU) == "nvidia-gpu-2.sock"
+    await new.stop(0)
+
+
+async def _settle() -> None:
+    """Let tasks still running (gRPC finishing a close) end on their own; a task
+    that never ends is a leak and times out here."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    async with asyncio.timeout(5):
+        await asyncio.gather(*others, return_exceptions=True)
+
+
+async def test_stop_leaves_no_sockets_fds_or_tasks(plugin_dir: str) -> None:
+    async def cycle() -> None:
+        async with KubeletStandin(plugin_dir) as kubelet:
+            srv = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
+            await kubelet.admit("pod", {"main": {GPU: 1}})
+            await kubelet.restart()
+            await srv.stop(0)
+            srv = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
+            await srv.stop(0)
+        os.unlink(kubelet.checkpoint_path)
+
+    await cycle()  # gRPC sets up its process-wide machinery once
+    await _settle()
+    fds = open_fds()
+    await cycle()
+    await cycle()
+    await _settle()
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert open_fds() == fds
+    assert os.listdir(plugin_dir) == []
