@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
@@ -71,3 +71,38 @@ class PluginEndpoint(Protocol):
         ...
 
     async def stop(self) -> None: ...
+
+
+class NodeApi(Protocol):
+    """The agent's view of the Kubernetes API: its own Node, its NodeFeature, Events."""
+
+    async def node_labels(self, node: str) -> dict[str, str]:
+        """The Node's labels now (a full read). Raises BackendError(transient=True)
+        when the API cannot be reached."""
+        ...
+
+    def watch_node_labels(self, node: str) -> AsyncIterator[dict[str, str]]:
+        """Yield the Node's labels after the first full read, then each time they
+        change; resumes (re-reading) after a dropped watch or 410 Gone."""
+        ...
+
+    async def publish_node_feature(
+        self, node: str, namespace: str, labels: Mapping[str, str]
+    ) -> bool:
+        """Create or update NodeFeature nvidia-features-for-<node> with `labels`;
+        False when the stored object already had exactly these labels."""
+        ...
+
+    async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        """A Kubernetes Event on the Node (best effort: never raises)."""
+        ...
+
+
+class LabelSink(Protocol):
+    """Where node labels go: an NFD features.d file or a NodeFeature object."""
+
+    async def publish(self, labels: Mapping[str, str]) -> bool:
+        """Write `labels`; False when nothing changed and nothing was written."""
+        ...
+
+    async def remove(self) -> None: ...
