@@ -20,6 +20,8 @@ from gpuslice.config.checks import show
 from gpuslice.config.decode import config_error, decode_config
 from gpuslice.config.load_rules import apply_load_rules
 from gpuslice.config.v1 import Config
+from gpuslice.core.errors import ConfigError
+from gpuslice.core.selection import find_entry
 
 MAX_BYTES = 1 << 20  # what a ConfigMap can hold; anything larger is not a config
 
@@ -87,13 +89,10 @@ def select_config_name(available: Iterable[str], wanted: str | None, *, source: 
             return names[0]
         count = f"{len(names)} configs ({listing})" if names else "no configs"
         raise config_error(source, "", f"holds {count}; name the one to use")
-    if wanted in names:
-        return wanted
-    stems = [n for n in names if os.path.splitext(n)[0] == wanted]
-    if len(stems) == 1:
-        return stems[0]
-    problem = "is ambiguous" if stems else "does not exist"
-    raise config_error(source, "", f"config {show(wanted)} {problem}; available: {listing}")
+    try:
+        return find_entry(wanted, names)
+    except ConfigError as exc:
+        raise config_error(source, "", str(exc)) from None
 
 
 def _read(path: Path) -> str:

@@ -78,7 +78,7 @@ def test_configmap_entry_is_chosen_by_name_and_other_entries_are_not_parsed() ->
 
 def test_configmap_name_that_does_not_exist_lists_the_available_ones() -> None:
     assert error(load_config, dedent(CONFIGMAP), source="cm.yaml", name="a100") == (
-        'cm.yaml: config "a100" does not exist; available: broken, mps, ts'
+        'cm.yaml: specified config "a100" does not exist; available: broken, mps, ts'
     )
 
 

@@ -1,0 +1,312 @@
+"""Which named config is in force on this node, followed live.
+
+The node label (nvidia.com/device-plugin.config by default) names an entry of a directory
+of configs, usually a mounted ConfigMap; core.selection holds the rules (default config,
+fallbacks). The manager reads the Node first and acts only after that read, then applies
+the chosen config again whenever the label changes, the directory is updated (the
+kubelet's atomic `..data` symlink swap) or reload() is called (SIGHUP). Bursts of events
+are folded into one read, and apply() runs only when the config actually changed.
+
+A config that fails to load, validate or apply leaves the last good one in force; that is
+logged, recorded as a Warning Event on the Node and shown by `status`. Without a last good
+config (at start) the error is raised to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Protocol, TypeVar
+
+import structlog
+
+from gpuslice.config.loader import LoadedConfig, config_dir_entries, load_config_file
+from gpuslice.config.v1 import Config
+from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.selection import (
+    DEFAULT_FALLBACKS,
+    DEFAULT_LABEL,
+    Choice,
+    check_fallbacks,
+    choose_config,
+)
+from gpuslice.services.agent import DirWatch
+
+log = structlog.get_logger("gpuslice.config")
+
+S = TypeVar("S")
+DATA_LINK = "..data"  # the symlink the kubelet swaps on each ConfigMap update
+REJECTED_REASON = "ConfigRejected"
+DEBOUNCE_S = 0.1
+READ_ATTEMPTS = 3
+
+
+class NodeLabelSource(Protocol):
+    """The part of core.ports.NodeApi the manager uses."""
+
+    def watch_node_labels(self, node: str) -> AsyncIterator[dict[str, str]]: ...
+
+    async def record_event(
+        self, node: str, reason: str, message: str, *, warning: bool
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigStatus:
+    """The readiness detail: the config in force and whether the wanted one was accepted."""
+
+    config: str | None  # the entry in force, "(empty)" for the empty config; None before start
+    ok: bool  # False before start and while a newer config is rejected
+    detail: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"config": self.config, "ok": self.ok, "detail": self.detail}
+
+
+class ConfigManager(Generic[S]):
+    """Owns the config in force. `to_settings` turns a loaded config into what `apply`
+    takes (flags and env applied); `apply` may raise GpusliceError to refuse it."""
+
+    def __init__(
+        self,
+        source: NodeLabelSource,
+        node: str,
+        config_dir: str,
+        to_settings: Callable[[LoadedConfig], S],
+        apply: Callable[[S], Awaitable[None]],
+        *,
+        watch: DirWatch,
+        label: str = DEFAULT_LABEL,
+        default: str | None = None,
+        fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
+        debounce_s: float = DEBOUNCE_S,
+    ) -> None:
+        self._source = source
+        self._node = node
+        self._dir = config_dir
+        self._to_settings = to_settings
+        self._apply = apply
+        self._watch = watch
+        self._label = label
+        self._default = default or None
+        self._fallbacks = check_fallbacks(fallbacks)
+        self._debounce_s = debounce_s
+        self.ready = asyncio.Event()  # set once the first config was applied
+        self._label_value: str | None = None
+        self._applied: tuple[str | None, Config] | None = None
+        self._choice: Choice | None = None
+        self._loaded: LoadedConfig | None = None
+        self._settings: S | None = None
+        self._status = ConfigStatus(None, False, f"waiting for the first read of Node {node}")
+        self._reported = ""  # the last rejection recorded as an Event
+        self._wake = asyncio.Event()
+        self._causes: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._checks = 0
+        self._checked = asyncio.Condition()
+
+    @property
+    def status(self) -> ConfigStatus:
+        return self._status
+
+    @property
+    def settings(self) -> S | None:
+        """What was last applied (None before start)."""
+        return self._settings
+
+    @property
+    def current(self) -> LoadedConfig | None:
+        """The config in force, as loaded (before flags and env are applied)."""
+        return self._loaded
+
+    @property
+    def choice(self) -> Choice | None:
+        return self._choice
+
+    @property
+    def checks(self) -> int:
+        """How many reads of the label and directory have finished."""
+        return self._checks
+
+    async def wait_checked(self, seen: int) -> int:
+        """Return once `checks` != seen (at once if it already is)."""
+        async with self._checked:
+            await self._checked.wait_for(lambda: self._checks != seen)
+            return self._checks
+
+    async def run(
+        self, stop: asyncio.Event | None = None, reload: asyncio.Event | None = None
+    ) -> None:
+        """Apply the first config after the first read of the Node (raising when it is bad),
+        then follow changes until `stop` is set; each set of `reload` re-reads."""
+        labels = self._source.watch_node_labels(self._node)
+        try:
+            async with self._watch(self._dir, None) as dir_events:
+                first = await anext(labels, None)
+                if first is None:
+                    raise GpusliceError(f"the watch of Node {self._node} ended before a first read")
+                self._label_value = first.get(self._label) or None
+                log.info("node_labels_read", label=self._label, value=self._label_value)
+                await self._refresh("start")
+                self.ready.set()
+                loops = [self._follow_labels(labels), self._follow_dir(dir_events), self._settle()]
+                if reload is not None:
+                    loops.append(self._reload_on(reload))
+                await _run_until(stop or asyncio.Event(), loops)
+        finally:
+            aclose = getattr(labels, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def reload(self) -> bool:
+        """Read the label's config again now; False when it was rejected (or before start)."""
+        if not self.ready.is_set():
+            log.warning("config_reload_before_start", node=self._node)
+            return False
+        return await self._refresh("reload")
+
+    async def _refresh(self, cause: str) -> bool:
+        async with self._lock:
+            try:
+                await self._use(*await asyncio.to_thread(self._read), cause)
+                return True
+            except GpusliceError as exc:
+                if self._choice is None:  # nothing in force yet: the caller must see it
+                    self._status = ConfigStatus(None, False, f"no config in force: {exc}")
+                    log.error("config_rejected_at_start", error=str(exc))
+                    await self._record(self._status.detail)
+                    raise
+                await self._reject(exc, cause)
+                return False
+            finally:
+                async with self._checked:
+                    self._checks += 1
+                    self._checked.notify_all()
+
+    def _read(self) -> tuple[Choice, LoadedConfig]:
+        """Choose and load; again when the `..data` swap happened during the read."""
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            before = _data_target(self._dir)
+            try:
+                result = self._read_once()
+            except ConfigError:
+                if attempt == READ_ATTEMPTS or _data_target(self._dir) == before:
+                    raise
+                continue
+            if attempt == READ_ATTEMPTS or _data_target(self._dir) == before:
+                return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read_once(self) -> tuple[Choice, LoadedConfig]:
+        entries = config_dir_entries(self._dir)
+        choice = choose_config(
+            self._label_value,
+            entries,
+            default=self._default,
+            fallbacks=self._fallbacks,
+            label=self._label,
+        )
+        if choice.name is None:
+            return choice, LoadedConfig(Config(), source=f"{self._dir} (empty config)")
+        return choice, replace(load_config_file(entries[choice.name]), name=choice.name)
+
+    async def _use(self, choice: Choice, loaded: LoadedConfig, cause: str) -> None:
+        key = (choice.name, loaded.config)
+        if key == self._applied:
+            if not self._status.ok:
+                log.info("config_accepted_again", config=choice.shown, cause=cause)
+            else:
+                log.debug("config_unchanged", config=choice.shown, cause=cause)
+        else:
+            settings = self._to_settings(loaded)
+            await self._apply(settings)
+            previous = self._choice.shown if self._choice else None
+            self._applied, self._settings, self._loaded = key, settings, loaded
+            log.info(
+                "config_applied",
+                config=choice.shown,
+                previous=previous,
+                reason=choice.reason,
+                cause=cause,
+                source=loaded.source,
+            )
+            for warning in loaded.warnings:
+                log.warning("config_warning", config=choice.shown, detail=warning)
+        self._choice = choice
+        self._status = ConfigStatus(choice.shown, True, choice.reason)
+        self._reported = ""
+
+    async def _reject(self, exc: GpusliceError, cause: str) -> None:
+        assert self._choice is not None
+        serving = self._choice.shown
+        message = f"config rejected, keeping {serving}: {exc}"
+        log.warning(
+            "config_rejected_keeping_last_good", serving=serving, error=str(exc), cause=cause
+        )
+        self._status = ConfigStatus(serving, False, message)
+        await self._record(message)
+
+    async def _record(self, message: str) -> None:
+        if message != self._reported:
+            self._reported = message
+            await self._source.record_event(self._node, REJECTED_REASON, message, warning=True)
+
+    def _poke(self, cause: str) -> None:
+        self._causes.add(cause)
+        self._wake.set()
+
+    async def _settle(self) -> None:
+        """One read per burst: wait out the debounce window after the first event."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self._debounce_s)
+            self._wake.clear()
+            causes, self._causes = self._causes, set()
+            await self._refresh("+".join(sorted(causes)))
+
+    async def _follow_labels(self, labels: AsyncIterator[dict[str, str]]) -> None:
+        async for current in labels:
+            value = current.get(self._label) or None
+            if value != self._label_value:
+                log.info(
+                    "config_label_changed", label=self._label, old=self._label_value, new=value
+                )
+                self._label_value = value
+                self._poke("label")
+        log.warning("node_label_watch_ended", node=self._node)
+
+    async def _follow_dir(self, events: AsyncIterator[tuple[str, str]]) -> None:
+        async for name, _kind in events:
+            if name == DATA_LINK or not name.startswith(".."):
+                self._poke("directory")
+
+    async def _reload_on(self, reload: asyncio.Event) -> None:
+        while True:
+            await reload.wait()
+            reload.clear()
+            await self.reload()
+
+
+def _data_target(directory: str) -> str | None:
+    try:
+        return os.readlink(os.path.join(directory, DATA_LINK))
+    except OSError:
+        return None  # a plain directory, not a mounted ConfigMap
+
+
+async def _run_until(stop: asyncio.Event, loops: list[Coroutine[Any, Any, None]]) -> None:
+    """Run `loops` until `stop` is set; a loop's failure is raised, one that ends is fine."""
+    stopper = asyncio.ensure_future(stop.wait())
+    tasks = [stopper, *(asyncio.ensure_future(loop) for loop in loops)]
+    pending = set(tasks)
+    try:
+        while not stopper.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,562 @@
+"""ConfigManager: the config chosen by the node label, applied live from a mounted ConfigMap.
+
+Real files laid out as the kubelet mounts a ConfigMap (entries are symlinks through `..data`,
+updated by an atomic swap of that symlink), the real DirWatcher in inotify and polling mode,
+and a queue-driven Node label source standing in for the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import pytest
+from structlog.testing import capture_logs
+
+from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.config.convert import resource_settings
+from gpuslice.config.loader import LoadedConfig
+from gpuslice.core.errors import ConfigError, GpusliceError, HardwareError
+from gpuslice.core.selection import DEFAULT_LABEL
+from gpuslice.core.sharing import ResourceSettings
+from gpuslice.services.agent import DirEvents, DirWatch
+from gpuslice.services.config_manager import ConfigManager, ConfigStatus
+
+NODE = "gpu-node-7"
+WITHIN_S = 1.0  # how fast a change must be applied
+BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
+MODES = [pytest.param(True, id="inotify"), pytest.param(False, id="poll")]
+
+
+def timeslicing(replicas: int) -> str:
+    return (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+
+
+def write_file(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+class MountedConfigMap:
+    """A directory laid out and updated the way the kubelet does for a ConfigMap volume:
+    files in a timestamped directory, `..data` pointing at it, entries `name -> ..data/name`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._generation = 0
+
+    def write(self, data: Mapping[str, str]) -> None:
+        """One update: new payload dir, `..data_tmp` renamed over `..data`, entry links
+        added and removed, old payload dir removed."""
+        self._generation += 1
+        stamp = f"..2024_05_01_12_00_{self._generation:02d}.{os.getpid()}"
+        os.mkdir(self._at(stamp))
+        for key, text in data.items():
+            write_file(self._at(stamp, key), text)
+        old = os.readlink(self._at("..data")) if os.path.lexists(self._at("..data")) else None
+        os.symlink(stamp, self._at("..data_tmp"))
+        os.rename(self._at("..data_tmp"), self._at("..data"))
+        for key in data:
+            if not os.path.lexists(self._at(key)):
+                os.symlink(os.path.join("..data", key), self._at(key))
+        for name in os.listdir(self.path):
+            if not name.startswith("..") and name not in data:
+                os.unlink(self._at(name))
+        if old is not None:
+            shutil.rmtree(self._at(old))
+
+    def _at(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+
+class FakeNode:
+    """The Node as the manager sees it: labels a test pushes, Events it records."""
+
+    def __init__(self) -> None:
+        self.watching = asyncio.Event()  # set when the manager waits for the first read
+        self.watched: list[str] = []
+        self.events: list[tuple[str, str, str, bool]] = []
+        self._updates: asyncio.Queue[dict[str, str] | None] = asyncio.Queue()
+        self._recorded: asyncio.Queue[str] = asyncio.Queue()
+
+    def push(self, labels: Mapping[str, str]) -> None:
+        """The labels of one read or watch event of the Node."""
+        self._updates.put_nowait(dict(labels))
+
+    def end_watch(self) -> None:
+        self._updates.put_nowait(None)
+
+    async def watch_node_labels(self, node: str) -> AsyncIterator[dict[str, str]]:
+        self.watched.append(node)
+        self.watching.set()
+        while (labels := await self._updates.get()) is not None:
+            yield labels
+
+    async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        self.events.append((node, reason, message, warning))
+        self._recorded.put_nowait(message)
+
+    async def next_event(self) -> str:
+        async with asyncio.timeout(WITHIN_S):
+            return await self._recorded.get()
+
+
+@dataclass(frozen=True)
+class Applied:
+    name: str | None
+    resources: ResourceSettings
+
+    @property
+    def replicas(self) -> int:
+        rules = self.resources.sharing.rules
+        return rules[0].replicas if rules else 1
+
+
+def to_settings(loaded: LoadedConfig) -> Applied:
+    return Applied(loaded.name, resource_settings(loaded.config))
+
+
+class Applier:
+    """The agent's apply(): records what it was given; refuses while `refuse` is set."""
+
+    def __init__(self) -> None:
+        self.applied: list[Applied] = []
+        self.refuse: str | None = None
+        self._queue: asyncio.Queue[Applied] = asyncio.Queue()
+
+    async def __call__(self, settings: Applied) -> None:
+        if self.refuse is not None:
+            raise HardwareError(self.refuse)
+        self.applied.append(settings)
+        self._queue.put_nowait(settings)
+
+    async def next(self, within: float = WITHIN_S) -> Applied:
+        async with asyncio.timeout(within):
+            return await self._queue.get()
+
+
+@contextlib.asynccontextmanager
+async def _silent(
+    path: str, names: Collection[str] | None
+) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+    async def nothing() -> AsyncIterator[tuple[str, str]]:
+        await asyncio.Event().wait()
+        yield ("", "")  # never reached
+
+    yield nothing()
+
+
+def silent_watch(path: str, names: Collection[str] | None) -> DirEvents:
+    """A DirWatch that reports nothing: only reload() can notice an edit."""
+    return _silent(path, names)
+
+
+@pytest.fixture
+def configmap() -> Iterator[MountedConfigMap]:
+    path = tempfile.mkdtemp(prefix="gcm-", dir="/tmp")
+    yield MountedConfigMap(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=MODES)
+def watch(request: pytest.FixtureRequest) -> DirWatch:
+    use_inotify: bool = request.param
+
+    def factory(path: str, names: Collection[str] | None) -> DirEvents:
+        return DirWatcher(path, names, poll_interval=0.02, use_inotify=use_inotify)
+
+    return factory
+
+
+@pytest.fixture
+def node() -> FakeNode:
+    return FakeNode()
+
+
+@pytest.fixture
+def applier() -> Applier:
+    return Applier()
+
+
+def manager_for(
+    node: FakeNode,
+    configmap: MountedConfigMap,
+    applier: Applier,
+    watch: DirWatch,
+    *,
+    default: str | None = None,
+    fallbacks: Sequence[str] = ("named", "single"),
+    debounce_s: float = 0.1,
+) -> ConfigManager[Applied]:
+    return ConfigManager(
+        node,
+        NODE,
+        configmap.path,
+        to_settings,
+        applier,
+        watch=watch,
+        default=default,
+        fallbacks=fallbacks,
+        debounce_s=debounce_s,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(
+    manager: ConfigManager[Applied], reload: asyncio.Event | None = None
+) -> AsyncIterator[asyncio.Task[None]]:
+    """The manager's run() as a task; stopped (and its failure raised) on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop, reload))
+    try:
+        yield task
+    finally:
+        stop.set()
+        async with asyncio.timeout(5):
+            await task
+
+
+async def started(manager: ConfigManager[Applied], task: asyncio.Task[None]) -> None:
+    """Wait until the first config is applied; raise run()'s error if it failed instead."""
+    ready = asyncio.ensure_future(manager.ready.wait())
+    done, _ = await asyncio.wait({ready, task}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    ready.cancel()
+    if task in done:
+        task.result()
+    assert manager.ready.is_set()
+
+
+async def settled(manager: ConfigManager[Applied], seen: int) -> None:
+    async with asyncio.timeout(WITHIN_S):
+        await manager.wait_checked(seen)
+
+
+async def test_first_apply_waits_for_the_first_read_of_the_node(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    """Nothing is chosen from the fallbacks before the Node's label is known."""
+    configmap.write({"default": timeslicing(2), "big": timeslicing(8)})
+    manager = manager_for(node, configmap, applier, watch)
+    async with running(manager) as task:
+        async with asyncio.timeout(5):
+            await node.watching.wait()
+        assert node.watched == [NODE]
+        assert manager.status == ConfigStatus(
+            None, False, f"waiting for the first read of Node {NODE}"
+        )
+        assert await manager.reload() is False
+        configmap.write({"default": timeslicing(3), "big": timeslicing(8)})
+        node.push({DEFAULT_LABEL: "big", "kubernetes.io/os": "linux"})
+        await started(manager, task)
+        first = await applier.next()
+        assert (first.name, first.replicas) == ("big", 8)
+        assert manager.status == ConfigStatus("big", True, f"label {DEFAULT_LABEL}=big")
+        assert manager.settings == first
+        assert manager.current is not None
+        assert manager.current.name == "big"
+    assert applier.applied == [first]
+
+
+async def test_label_flip_switches_the_config_within_a_second(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"default": timeslicing(2), "big": timeslicing(8)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({})
+    async with running(manager) as task:
+        await started(manager, task)
+        assert (await applier.next()).name == "default"
+        node.push({DEFAULT_LABEL: "big"})
+        assert (await applier.next()).replicas == 8
+        node.push({})  # label removed: back to the named fallback
+        assert (await applier.next()).name == "default"
+    assert [a.name for a in applier.applied] == ["default", "big", "default"]
+
+
+async def test_label_naming_the_same_entry_applies_nothing(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    """Other labels changing, or the label gaining the file extension, re-applies nothing."""
+    configmap.write({"big.yaml": timeslicing(8)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "big"})
+    async with running(manager) as task:
+        await started(manager, task)
+        seen = manager.checks
+        node.push({DEFAULT_LABEL: "big", "team": "ml"})
+        node.push({DEFAULT_LABEL: "big.yaml"})
+        await settled(manager, seen)
+        assert manager.status == ConfigStatus("big.yaml", True, f"label {DEFAULT_LABEL}=big.yaml")
+    assert [a.name for a in applier.applied] == ["big.yaml"]
+
+
+async def test_configmap_edit_is_applied_within_a_second(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        configmap.write({"ts": timeslicing(4)})
+        assert (await applier.next()).replicas == 4
+        configmap.write({"ts": timeslicing(4), "new": timeslicing(6)})
+        node.push({DEFAULT_LABEL: "new"})
+        assert (await applier.next()).replicas == 6
+    assert [a.replicas for a in applier.applied] == [2, 4, 6]
+
+
+async def test_unchanged_content_is_not_applied_again(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    """A swap with the same text, or an edit of another entry, reads but applies nothing."""
+    configmap.write({"ts": timeslicing(2), "other": timeslicing(3)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        for other in (3, 5):
+            seen = manager.checks
+            configmap.write({"ts": timeslicing(2), "other": timeslicing(other)})
+            await settled(manager, seen)
+        seen = manager.checks
+        assert await manager.reload() is True
+        assert manager.checks == seen + 1
+    assert len(applier.applied) == 1
+    assert manager.status.ok
+
+
+async def test_a_burst_of_updates_is_applied_once(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    """Updates spread over less than the debounce window (here 0.5 s) give one apply."""
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch, debounce_s=0.5)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        for replicas in (3, 4, 5, 6):
+            configmap.write({"ts": timeslicing(replicas)})
+            await asyncio.sleep(0.03)  # spacing the updates, not waiting for an outcome
+        assert (await applier.next()).replicas == 6
+    assert [a.replicas for a in applier.applied] == [2, 6]
+
+
+async def test_broken_config_keeps_the_last_good_one_until_fixed(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        with capture_logs() as logs:
+            configmap.write({"ts": BROKEN})
+            message = await node.next_event()
+        assert message.startswith("config rejected, keeping ts: ")
+        assert 'flags.migStrategy: got "bogus"' in message
+        assert "\n" not in message
+        assert node.events == [(NODE, "ConfigRejected", message, True)]
+        assert manager.status == ConfigStatus("ts", False, message)
+        rejected = [e for e in logs if e["event"] == "config_rejected_keeping_last_good"]
+        assert rejected
+        assert rejected[0]["serving"] == "ts"
+        assert rejected[0]["log_level"] == "warning"
+        assert manager.settings == applier.applied[0]
+
+        assert await manager.reload() is False  # the same problem is not recorded twice
+        assert len(node.events) == 1
+
+        configmap.write({"ts": timeslicing(5)})
+        assert (await applier.next()).replicas == 5
+        assert manager.status == ConfigStatus("ts", True, f"label {DEFAULT_LABEL}=ts")
+    assert [a.replicas for a in applier.applied] == [2, 5]
+
+
+async def test_fixing_back_to_the_same_content_recovers_without_applying(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        configmap.write({"ts": BROKEN})
+        await node.next_event()
+        seen = manager.checks
+        configmap.write({"ts": timeslicing(2)})
+        await settled(manager, seen)
+        assert manager.status.ok
+    assert len(applier.applied) == 1
+
+
+async def test_unknown_label_keeps_the_config_and_says_so(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"a100": timeslicing(2), "t4": timeslicing(4)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "a100"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        node.push({DEFAULT_LABEL: "h100"})
+        message = await node.next_event()
+        assert message == (
+            'config rejected, keeping a100: specified config "h100" does not exist; '
+            "available: a100, t4"
+        )
+        assert manager.status == ConfigStatus("a100", False, message)
+        configmap.write({"a100": timeslicing(2), "t4": timeslicing(4), "h100": timeslicing(7)})
+        assert (await applier.next()).name == "h100"  # the ConfigMap gained it: applied
+        assert manager.status.ok
+
+
+async def test_config_the_agent_refuses_keeps_the_last_good_one(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    """apply() raising (the hardware cannot serve it) counts as a rejection."""
+    configmap.write({"ts": timeslicing(2), "big": timeslicing(8)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        applier.refuse = "no GPU matches sharing.timeSlicing.resources[0]"
+        node.push({DEFAULT_LABEL: "big"})
+        message = await node.next_event()
+        assert message == (
+            "config rejected, keeping ts: no GPU matches sharing.timeSlicing.resources[0]"
+        )
+        assert manager.status.config == "ts"
+        applier.refuse = None
+        assert await manager.reload() is True
+        assert manager.status == ConfigStatus("big", True, f"label {DEFAULT_LABEL}=big")
+    assert [a.name for a in applier.applied] == ["ts", "big"]
+
+
+async def test_reload_rereads_what_no_watch_reported(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, silent_watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    sighup = asyncio.Event()
+    async with running(manager, sighup) as task:
+        await started(manager, task)
+        await applier.next()
+        configmap.write({"ts": timeslicing(3)})
+        assert await manager.reload() is True
+        assert (await applier.next()).replicas == 3
+        configmap.write({"ts": timeslicing(4)})
+        sighup.set()  # what SIGHUP does
+        assert (await applier.next()).replicas == 4
+    assert [a.replicas for a in applier.applied] == [2, 3, 4]
+
+
+async def test_bad_config_at_start_is_raised_and_recorded(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"a": timeslicing(2), "b": timeslicing(3)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({})
+    with pytest.raises(ConfigError, match=r"named, single all failed; available: a, b$"):
+        async with running(manager):
+            await node.next_event()
+    ((name, reason, message, warning),) = node.events
+    assert (name, reason, warning) == (NODE, "ConfigRejected", True)
+    assert message.startswith("no config in force: no config selected")
+    assert manager.status == ConfigStatus(None, False, message)
+    assert applier.applied == []
+
+
+async def test_refused_first_config_is_raised(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    applier.refuse = "cannot serve"
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    with pytest.raises(HardwareError, match=r"^cannot serve$"):
+        async with running(manager) as task:
+            await started(manager, task)
+
+
+async def test_watch_ending_before_the_first_read_is_an_error(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.end_watch()
+    with pytest.raises(GpusliceError, match=f"the watch of Node {NODE} ended before a first read"):
+        async with running(manager) as task:
+            await started(manager, task)
+
+
+async def test_directory_edits_are_followed_after_the_label_watch_ends(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    node.end_watch()
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        configmap.write({"ts": timeslicing(3)})
+        assert (await applier.next()).replicas == 3
+
+
+async def test_default_config_and_empty_fallback(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"a.yaml": timeslicing(2), "b.yaml": timeslicing(3)})
+    manager = manager_for(node, configmap, applier, watch, default="b")
+    node.push({})
+    async with running(manager) as task:
+        await started(manager, task)
+        assert (await applier.next()).name == "b.yaml"
+        assert manager.status.detail == f"label {DEFAULT_LABEL} unset; default config"
+
+    other = FakeNode()
+    empty = manager_for(other, configmap, Applier(), watch, fallbacks=["named", "empty"])
+    other.push({})
+    async with running(empty) as task:
+        await started(empty, task)
+        assert empty.status.config == "(empty)"
+        assert empty.settings == Applied(None, ResourceSettings())
+
+
+def test_unknown_fallback_is_refused_when_built(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier
+) -> None:
+    with pytest.raises(ConfigError, match='"first" is unknown; allowed: named, single, empty'):
+        manager_for(node, configmap, applier, silent_watch, fallbacks=["first"])
+
+
+async def test_plain_directory_file_replaced_is_applied(
+    node: FakeNode, applier: Applier, watch: DirWatch
+) -> None:
+    """A directory that is not a ConfigMap mount: a file replaced by rename is noticed."""
+    path = tempfile.mkdtemp(prefix="gcd-", dir="/tmp")
+    try:
+        write_file(os.path.join(path, "ts"), timeslicing(2))
+        manager = manager_for(node, MountedConfigMap(path), applier, watch)
+        node.push({})
+        async with running(manager) as task:
+            await started(manager, task)
+            write_file(os.path.join(path, ".ts.new"), timeslicing(9))
+            os.replace(os.path.join(path, ".ts.new"), os.path.join(path, "ts"))
+            assert (await applier.next()).replicas == 2
+            assert (await applier.next()).replicas == 9
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
