@@ -158,7 +158,7 @@ def test_name_without_extension_finds_the_file() -> None:
 
 def test_name_matching_two_extensions_is_ambiguous() -> None:
     assert error(select_config_name, ["a.json", "a.yaml"], "a", source="d") == (
-        'd: config "a" is ambiguous; available: a.json, a.yaml'
+        'd: specified config "a" is ambiguous; available: a.json, a.yaml'
     )
 
 
@@ -215,7 +215,7 @@ def test_directory_entry_is_chosen_by_name_with_or_without_extension(tmp: Path) 
     assert load_config_file(root, name="ts").name == "ts.yaml"
     assert load_config_file(root, name="mps").config.sharing.strategy == "mps"
     assert error(load_config_file, root, name="a100") == (
-        f'{root}: config "a100" does not exist; available: mps, ts.yaml'
+        f'{root}: specified config "a100" does not exist; available: mps, ts.yaml'
     )
 
 

@@ -1,0 +1,150 @@
+"""KubeNodeApi: the NodeApi port over the real Kubernetes API (through lightkube).
+
+lightkube is imported when an instance is built, not when this module is, so
+`gpuslice run` without Kubernetes never pays for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from typing import TYPE_CHECKING
+
+import structlog
+
+from gpuslice.adapters.kube import objects
+from gpuslice.adapters.kube.watch import Backoff, NodeState, follow_labels
+from gpuslice.core.errors import BackendError
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+    from gpuslice.adapters.kube.session import ApiSession
+
+_log = structlog.get_logger()
+
+_WRITE_ATTEMPTS = 3  # a 409 (changed meanwhile) is retried from a fresh read
+
+
+class KubeNodeApi:
+    """The agent's Node, its NodeFeature and its Events, over one lightkube AsyncClient.
+
+    `client` is used as given (tests inject one); otherwise one is built from
+    `kubeconfig`, or from the in-cluster service account ($KUBECONFIG and
+    ~/.kube/config as fallbacks). `pod_name` (the agent's own Pod, in the
+    NodeFeature's namespace) adds owner references to the NodeFeature: the Pod and
+    its DaemonSet, so deleting the DaemonSet garbage-collects it.
+    Raises BackendError when no usable Kubernetes config is found.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient | None = None,
+        *,
+        kubeconfig: str | None = None,
+        pod_name: str | None = None,
+        event_namespace: str = "default",
+        watch_timeout_s: int = 240,
+        backoff_s: tuple[float, float] = (0.2, 30.0),
+    ) -> None:
+        from gpuslice.adapters.kube.session import ApiSession, make_client
+
+        self._session: ApiSession = ApiSession(
+            client if client is not None else make_client(kubeconfig),
+            watch_timeout_s=watch_timeout_s,
+        )
+        self._owns_client = client is None
+        self._pod_name = pod_name
+        self._event_namespace = event_namespace
+        self._backoff_s = backoff_s
+        self._uids: dict[str, str] = {}
+        self._owners: dict[str, list[objects.OwnerRef]] = {}
+
+    @property
+    def server(self) -> str:
+        return self._session.server
+
+    async def aclose(self) -> None:
+        """Close the HTTP client when this object built it."""
+        if self._owns_client:
+            await self._session.aclose()
+
+    async def node_labels(self, node: str) -> dict[str, str]:
+        from gpuslice.adapters.kube.session import NotFound
+
+        try:
+            state = await self._read(node)
+        except NotFound as exc:
+            raise BackendError(f"node {node} not found in the Kubernetes API") from exc
+        return state.labels
+
+    def watch_node_labels(self, node: str) -> AsyncGenerator[dict[str, str], None]:
+        from gpuslice.adapters.kube.session import NotFound
+
+        async def read() -> NodeState:
+            try:
+                return await self._read(node)
+            except NotFound:
+                return NodeState({}, None)  # watched from "now": its creation shows up
+
+        return follow_labels(
+            node,
+            read,
+            lambda version: self._session.watch_node(node, version),
+            Backoff(*self._backoff_s),
+        )
+
+    async def publish_node_feature(
+        self, node: str, namespace: str, labels: Mapping[str, str]
+    ) -> bool:
+        from gpuslice.adapters.kube.session import Conflict
+
+        attempts_left = _WRITE_ATTEMPTS
+        while True:
+            try:
+                return await self._write_node_feature(node, namespace, dict(labels))
+            except Conflict:
+                attempts_left -= 1
+                if attempts_left == 0:
+                    raise
+
+    async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        kind = objects.event_type(warning=warning)
+        try:
+            await self._session.create_event(
+                self._event_namespace, node, self._uids.get(node), reason, message, kind
+            )
+        except Exception as exc:  # best effort by contract: an Event must never stop the agent
+            _log.warning("node_event_failed", node=node, reason=reason, error=str(exc))
+
+    async def _write_node_feature(self, node: str, namespace: str, wanted: dict[str, str]) -> bool:
+        name = objects.node_feature_name(node)
+        stored = await self._session.get_node_feature(namespace, name)
+        if stored is None:
+            owners = await self._owner_refs(namespace)
+            body = objects.node_feature_body(node, namespace, wanted, owners)
+            await self._session.create_node_feature(namespace, body)
+        elif objects.spec_labels(stored) == wanted:
+            return False
+        else:
+            await self._session.replace_node_feature(
+                namespace, objects.with_spec_labels(stored, wanted)
+            )
+        _log.info("node_feature_written", node=node, name=name, labels=len(wanted))
+        return True
+
+    async def _read(self, node: str) -> NodeState:
+        state, uid = await self._session.read_node(node)
+        if uid:
+            self._uids[node] = uid
+        return state
+
+    async def _owner_refs(self, namespace: str) -> list[objects.OwnerRef]:
+        if self._pod_name is None:
+            return []
+        if namespace not in self._owners:
+            try:
+                self._owners[namespace] = await self._session.pod_owners(namespace, self._pod_name)
+            except BackendError as exc:
+                _log.warning("node_feature_no_owner", pod=self._pod_name, error=str(exc))
+                return []
+        return self._owners[namespace]

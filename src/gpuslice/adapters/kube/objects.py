@@ -1,0 +1,83 @@
+"""Names and bodies of the objects the agent writes: the NFD NodeFeature and Node Events.
+
+Pure dictionaries in the JSON shape the API server stores, shared by the
+lightkube adapter and the in-memory stand-in so both hold identical objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+NFD_GROUP = "nfd.k8s-sigs.io"
+NFD_VERSION = "v1alpha1"
+NODE_FEATURE_KIND = "NodeFeature"
+NODE_FEATURE_PLURAL = "nodefeatures"
+NODE_FEATURE_PREFIX = "nvidia-features-for-"
+NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+COMPONENT = "gpuslice"
+EVENT_NORMAL = "Normal"
+EVENT_WARNING = "Warning"
+
+
+class OwnerRef(NamedTuple):
+    """One entry of metadata.ownerReferences (garbage collection of the NodeFeature)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+def node_feature_name(node: str) -> str:
+    return NODE_FEATURE_PREFIX + node
+
+
+def node_feature_body(
+    node: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    owners: Sequence[OwnerRef] = (),
+) -> dict[str, Any]:
+    """A new NodeFeature for `node`: its labels requested, no raw features."""
+    metadata: dict[str, Any] = {
+        "name": node_feature_name(node),
+        "namespace": namespace,
+        "labels": {NODE_NAME_LABEL: node},
+    }
+    if owners:
+        metadata["ownerReferences"] = [owner.to_json() for owner in owners]
+    return {
+        "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
+        "kind": NODE_FEATURE_KIND,
+        "metadata": metadata,
+        "spec": {
+            "features": {"flags": {}, "attributes": {}, "instances": {}},
+            "labels": dict(labels),
+        },
+    }
+
+
+def spec_labels(body: Mapping[str, Any]) -> dict[str, str]:
+    """spec.labels of a stored NodeFeature ({} when absent or null)."""
+    spec = body.get("spec") or {}
+    return dict(spec.get("labels") or {})
+
+
+def with_spec_labels(body: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    """A copy of a stored NodeFeature with spec.labels replaced, everything else kept."""
+    spec = dict(body.get("spec") or {})
+    spec["labels"] = dict(labels)
+    return {**body, "spec": spec}
+
+
+def event_type(*, warning: bool) -> str:
+    return EVENT_WARNING if warning else EVENT_NORMAL

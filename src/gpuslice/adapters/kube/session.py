@@ -1,0 +1,216 @@
+"""The lightkube boundary: every request to the Kubernetes API, with errors made ours.
+
+The only module that imports lightkube and httpx2 (lightkube's HTTP library). It is
+imported when a KubeNodeApi is built, so runs without Kubernetes never load either.
+Failures leave as BackendError (transient when a retry may help: unreachable, 5xx,
+429, 409), NotFound or Conflict, each with a one-line message; the watch stream
+raises WatchGone or WatchBroken instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx2
+import msgspec
+import yaml
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ConfigError as KubeConfigError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node, Pod
+
+from gpuslice.adapters.kube import objects
+from gpuslice.adapters.kube.watch import NodeState, WatchBroken, WatchEvent, WatchGone
+from gpuslice.core.errors import BackendError
+
+NodeFeature = create_namespaced_resource(
+    objects.NFD_GROUP, objects.NFD_VERSION, objects.NODE_FEATURE_KIND, objects.NODE_FEATURE_PLURAL
+)
+
+
+class NotFound(BackendError):  # noqa: N818 - the HTTP term
+    """HTTP 404."""
+
+
+class Conflict(BackendError):  # noqa: N818 - the HTTP term
+    """HTTP 409: the object appeared or changed since it was read."""
+
+
+def make_client(kubeconfig: str | None) -> AsyncClient:
+    """A client from a kubeconfig file, or else in-cluster / $KUBECONFIG / ~/.kube/config."""
+    source = kubeconfig or "in-cluster service account, $KUBECONFIG or ~/.kube/config"
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        return AsyncClient(config=config, field_manager=objects.COMPONENT)
+    except (KubeConfigError, KeyError, TypeError, ValueError, OSError, yaml.YAMLError) as exc:
+        raise BackendError(f"Kubernetes config ({source}) unusable: {_one_line(exc)}") from exc
+
+
+class ApiSession:
+    """The handful of API calls the agent makes, over one lightkube AsyncClient."""
+
+    def __init__(self, client: AsyncClient, *, watch_timeout_s: int) -> None:
+        self._client = client
+        self._watch_timeout_s = watch_timeout_s
+        # lightkube's public watch() cannot ask for bookmarks, so the watch goes through
+        # the client's own httpx2 client (base URL, TLS and auth already set up).
+        self._http: httpx2.AsyncClient = client._client._client
+        self.server = str(client.config.cluster.server)
+
+    async def read_node(self, node: str) -> tuple[NodeState, str | None]:
+        """The Node's labels and resourceVersion, and its uid. Raises NotFound."""
+        with self._errors(f"read node {node}"):
+            obj = await self._client.get(Node, node)
+        meta = obj.metadata or ObjectMeta()
+        return NodeState(dict(meta.labels or {}), meta.resourceVersion), meta.uid
+
+    async def watch_node(self, node: str, version: str | None) -> AsyncGenerator[WatchEvent, None]:
+        """One watch request on the Node, from `version`; ends when the server ends it."""
+        params = {
+            "watch": "true",
+            "fieldSelector": f"metadata.name={node}",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self._watch_timeout_s),
+        }
+        if version:
+            params["resourceVersion"] = version
+        # The server ends the watch after timeoutSeconds; longer silence means a dead link.
+        timeout = httpx2.Timeout(10.0, read=self._watch_timeout_s + 30.0)
+        try:
+            async with self._http.stream(
+                "GET", "api/v1/nodes", params=params, timeout=timeout
+            ) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise _watch_failure(resp.status_code, _status_message(resp.content))
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield _decode_event(line)
+        except httpx2.TransportError as exc:
+            raise WatchBroken(f"watch node {node}: {_one_line(exc)}") from exc
+
+    async def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            with self._errors(f"read NodeFeature {namespace}/{name}"):
+                obj = await self._client.get(NodeFeature, name, namespace=namespace)
+        except NotFound:
+            return None
+        return dict(obj)
+
+    async def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        with self._errors(f"create NodeFeature {namespace}/{name}"):
+            await self._client.create(NodeFeature(**body))
+
+    async def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        with self._errors(f"update NodeFeature {namespace}/{name}"):
+            await self._client.replace(NodeFeature(**body))
+
+    async def pod_owners(self, namespace: str, pod: str) -> list[objects.OwnerRef]:
+        """The Pod itself and its DaemonSet, if a DaemonSet owns it."""
+        with self._errors(f"read pod {namespace}/{pod}"):
+            obj = await self._client.get(Pod, pod, namespace=namespace)
+        meta = obj.metadata or ObjectMeta()
+        owners = [
+            objects.OwnerRef(ref.apiVersion, ref.kind, ref.name, ref.uid)
+            for ref in meta.ownerReferences or ()
+            if ref.kind == "DaemonSet"
+        ]
+        if meta.uid:
+            owners.append(objects.OwnerRef("v1", "Pod", pod, meta.uid))
+        return owners
+
+    async def create_event(
+        self, namespace: str, node: str, uid: str | None, reason: str, message: str, kind: str
+    ) -> None:
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{node}.", namespace=namespace),
+            involvedObject=ObjectReference(apiVersion="v1", kind="Node", name=node, uid=uid),
+            reason=reason,
+            message=message,
+            type=kind,
+            count=1,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            source=EventSource(component=objects.COMPONENT, host=node),
+            reportingComponent=objects.COMPONENT,
+            reportingInstance=node,
+        )
+        with self._errors(f"record event {reason} on node {node}"):
+            await self._client.create(event)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except httpx2.TransportError as exc:
+            raise BackendError(
+                f"{what}: Kubernetes API at {self.server} unreachable: {_one_line(exc)}",
+                transient=True,
+            ) from exc
+        except httpx2.HTTPStatusError as exc:
+            code = exc.response.status_code
+            message = exc.status.message if isinstance(exc, ApiError) else None
+            text = f"{what}: HTTP {code}: {_one_line(message or exc.response.reason_phrase)}"
+            if code == 404:
+                raise NotFound(text) from exc
+            if code == 409:
+                raise Conflict(text, transient=True) from exc
+            raise BackendError(text, transient=code >= 500 or code == 429) from exc
+
+
+class _Meta(msgspec.Struct, rename="camel"):
+    labels: dict[str, str] | None = None
+    resource_version: str | None = None
+
+
+class _Object(msgspec.Struct):
+    """A Node (metadata only) or, in ERROR events, a Status (code, message)."""
+
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    code: int | None = None
+    message: str | None = None
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: _Object
+
+
+def _decode_event(line: str) -> WatchEvent:
+    try:
+        event = msgspec.json.decode(line, type=_Event)
+    except msgspec.DecodeError as exc:
+        raise WatchBroken(f"undecodable watch event: {_one_line(exc)}") from exc
+    obj = event.object
+    if event.type == "ERROR":
+        raise _watch_failure(obj.code or 0, obj.message or "")
+    return WatchEvent(event.type, dict(obj.metadata.labels or {}), obj.metadata.resource_version)
+
+
+def _watch_failure(code: int, message: str) -> Exception:
+    text = f"watch: HTTP {code}: {_one_line(message)}"
+    return WatchGone(text) if code == 410 else WatchBroken(text)
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        return msgspec.json.decode(body, type=_Object).message or ""
+    except msgspec.DecodeError:
+        return body[:200].decode("utf-8", "replace")
+
+
+def _one_line(exc: object) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
