@@ -176,6 +176,11 @@ class FakeNvml:
             gpuInstanceSliceCount=slices,
             computeInstanceSliceCount=compute,
             memorySizeMB=dev.mig.memory_mib,
+            sharedCopyEngineCount=dev.mig.engines.copy,
+            sharedDecoderCount=dev.mig.engines.decoder,
+            sharedEncoderCount=dev.mig.engines.encoder,
+            sharedJpegCount=dev.mig.engines.jpeg,
+            sharedOfaCount=dev.mig.engines.ofa,
         )
 
     def nvmlDeviceGetComputeRunningProcesses(self, dev: Dev) -> list[SimpleNamespace]:

@@ -8,6 +8,17 @@ REPLICA_SEPARATOR = "::"
 
 
 @dataclass(frozen=True, slots=True)
+class MigEngines:
+    """Media and copy engines of a MIG device (NVML's shared*Count attributes)."""
+
+    copy: int = 0
+    decoder: int = 0
+    encoder: int = 0
+    jpeg: int = 0
+    ofa: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class MigDevice:
     """One MIG device (a GPU instance with its compute instance)."""
 
@@ -19,6 +30,9 @@ class MigDevice:
     memory_mib: int
     multiprocessors: int = 0
     cap_paths: tuple[str, ...] = ()  # /dev/nvidia-caps/nvidia-capN for GI and CI access
+    gi_slices: int = 0  # GPU slices of its GPU instance (3 for 3g.20gb); 0 = not reported
+    ci_slices: int = 0  # compute slices of its compute instance; 0 = not reported
+    engines: MigEngines = MigEngines()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +55,9 @@ class Gpu:
     numa_node: int | None = None
     brand: str = ""
     architecture: str = ""
+    # PCI class code as sysfs shows it: 0x030200 (3D controller) for a GPU in compute
+    # mode, 0x030000 (VGA) for one that drives displays.
+    pci_class: int = 0x030200
     multiprocessors: int = 0
     mig_capable: bool = False
     mig_enabled: bool = False

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuslice.core.devices import MigEngines
+
 
 @dataclass(frozen=True, slots=True)
 class MigProfile:
     memory_mib: int
     multiprocessors: int
+    engines: MigEngines = field(default_factory=MigEngines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,14 +31,15 @@ class GpuModel:
     mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
 
 
+# Engines per profile from the MIG user guide's A100-SXM4-40GB table (A100 has no NVENC).
 _A100_40GB_MIG = {
-    "1g.5gb": MigProfile(4864, 14),
-    "1g.5gb+me": MigProfile(4864, 14),
-    "1g.10gb": MigProfile(9984, 14),
-    "2g.10gb": MigProfile(9984, 28),
-    "3g.20gb": MigProfile(20096, 42),
-    "4g.20gb": MigProfile(20096, 56),
-    "7g.40gb": MigProfile(40537, 98),
+    "1g.5gb": MigProfile(4864, 14, MigEngines(copy=1)),
+    "1g.5gb+me": MigProfile(4864, 14, MigEngines(copy=1, decoder=1, jpeg=1, ofa=1)),
+    "1g.10gb": MigProfile(9984, 14, MigEngines(copy=1, decoder=1)),
+    "2g.10gb": MigProfile(9984, 28, MigEngines(copy=2, decoder=1)),
+    "3g.20gb": MigProfile(20096, 42, MigEngines(copy=3, decoder=2)),
+    "4g.20gb": MigProfile(20096, 56, MigEngines(copy=4, decoder=2)),
+    "7g.40gb": MigProfile(40537, 98, MigEngines(copy=7, decoder=5, jpeg=1, ofa=1)),
 }
 
 MODELS: dict[str, GpuModel] = {

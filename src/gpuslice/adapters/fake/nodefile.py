@@ -17,7 +17,7 @@ import yaml
 from gpuslice.adapters.fake.fields import Fields, describe
 from gpuslice.adapters.fake.layout import apply_nvlinks, check_unique
 from gpuslice.adapters.fake.models import MODELS, GpuModel
-from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice
+from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import ConfigError
 
 NODE_KEYS = ("name", "machine", "driver_version", "nvml_version", "cuda_driver_version")
@@ -204,9 +204,9 @@ def _mig(f: Fields, index: int, model: GpuModel | None, gpu_uuid: str, minor: in
         if known is None:
             f.fail(f.at("memory_mib"), f"missing (no built-in size for {profile!r} on this model)")
         memory = known.memory_mib
+    slices, compute = int(match[2]), int(match[1] or match[2])
     sms = f.opt_integer("multiprocessors")
     if sms is None and known is not None:
-        slices, compute = int(match[2]), int(match[1] or match[2])
         sms = known.multiprocessors * compute // slices
     mig_uuid = f.opt_text("uuid", "a MIG UUID") or derived_uuid("MIG", gpu_uuid, gi, ci)
     if not MIG_UUID.fullmatch(mig_uuid):
@@ -221,6 +221,9 @@ def _mig(f: Fields, index: int, model: GpuModel | None, gpu_uuid: str, minor: in
         memory_mib=memory,
         multiprocessors=sms or 0,
         cap_paths=tuple(caps) if f.has("cap_paths") else mig_cap_paths(minor, gi, ci),
+        gi_slices=slices,
+        ci_slices=compute,
+        engines=known.engines if known is not None else MigEngines(),
     )
 
 

@@ -23,7 +23,7 @@ from gpuslice.adapters.nvml.host import (
     read_mig_minors,
     read_numa_node,
 )
-from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice
+from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import BackendError
 
 MIB = 1024 * 1024
@@ -167,6 +167,15 @@ class Inventory:
                     memory_mib=int(nv.nvmlDeviceGetMemoryInfo(handle).total) // MIB,
                     multiprocessors=int(attributes.multiprocessorCount),
                     cap_paths=cap_paths,
+                    gi_slices=int(attributes.gpuInstanceSliceCount),
+                    ci_slices=int(attributes.computeInstanceSliceCount),
+                    engines=MigEngines(
+                        copy=int(attributes.sharedCopyEngineCount),
+                        decoder=int(attributes.sharedDecoderCount),
+                        encoder=int(attributes.sharedEncoderCount),
+                        jpeg=int(attributes.sharedJpegCount),
+                        ofa=int(attributes.sharedOfaCount),
+                    ),
                 )
             )
         return tuple(found)

@@ -1,0 +1,281 @@
+"""Labeller: oneshot, interval and infinite modes, timestamps, failures, sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from gpuslice.adapters.fake import load_spec
+from gpuslice.adapters.nfd_file import FeatureFile, parse
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.errors import BackendError, HardwareError
+from gpuslice.core.labels import TIMESTAMP_LABEL, node_labels
+from gpuslice.core.sharing import MIG_SINGLE, ResourceSettings
+from gpuslice.services.labeller import Labeller, NodeFeatureSink, snapshot_labels
+
+T4 = {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "1"}
+T4_SHARED = {"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.count": "1"}
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Source:
+    """Labels to hand out; a queued error is raised by the next call instead."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self.labels = dict(labels)
+        self.errors: list[Exception] = []
+        self.calls = 0
+
+    async def __call__(self) -> Mapping[str, str]:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.labels
+
+
+class RecordingSink:
+    """A LabelSink that keeps every publish; False when the labels equal the last ones."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[dict[str, str]] = []
+        self.stored: dict[str, str] | None = None
+        self.removed = 0
+        self.failures = failures
+        self._cond = asyncio.Condition()
+
+    async def publish(self, labels: Mapping[str, str]) -> bool:
+        async with self._cond:
+            self.calls.append(dict(labels))
+            self._cond.notify_all()
+        if self.failures:
+            self.failures -= 1
+            raise BackendError("API server unreachable", transient=True)
+        changed = self.stored != dict(labels)
+        self.stored = dict(labels)
+        return changed
+
+    async def remove(self) -> None:
+        self.removed += 1
+
+    async def until(self, count: int) -> None:
+        async with self._cond:
+            await asyncio.wait_for(self._cond.wait_for(lambda: len(self.calls) >= count), 5)
+
+
+@pytest.fixture
+def logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Captured log entries at every level, whatever another test configured."""
+    saved = structlog.get_config()
+    with capture_logs() as captured:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+        yield captured
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def feature_file(tmp_path: Path) -> FeatureFile:
+    return FeatureFile(tmp_path / "features.d" / "gfd")
+
+
+async def running(labeller: Labeller) -> AsyncIterator[asyncio.Event]:
+    """Yield the stop event of a running labeller; stop it and wait on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(labeller.run(stop))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+def path_of(sink: FeatureFile) -> Path:
+    assert sink.path is not None
+    return sink.path
+
+
+def file_labels(sink: FeatureFile) -> dict[str, str]:
+    return parse(path_of(sink).read_text())
+
+
+# --- oneshot and timestamps --------------------------------------------------------------
+
+
+async def test_oneshot_publishes_stamped_labels_to_every_sink_and_keeps_them(
+    feature_file: FeatureFile,
+) -> None:
+    recorder = RecordingSink()
+    labeller = Labeller(Source(T4), [feature_file, recorder], clock=Clock(1700.9), oneshot=True)
+    await labeller.run(asyncio.Event())
+    expected = {**T4, TIMESTAMP_LABEL: "1700"}
+    assert file_labels(feature_file) == expected
+    assert recorder.calls == [expected]
+    assert labeller.labels == expected
+    assert recorder.removed == 0  # oneshot leaves its output in place
+
+
+async def test_without_timestamps_no_timestamp_is_published() -> None:
+    recorder = RecordingSink()
+    source = Source({**T4, TIMESTAMP_LABEL: "5"})
+    await Labeller(source, [recorder], oneshot=True, timestamps=False).run(asyncio.Event())
+    assert recorder.calls == [T4]
+
+
+async def test_the_labeller_owns_the_timestamp() -> None:
+    recorder = RecordingSink()
+    source = Source({**T4, TIMESTAMP_LABEL: "5"})
+    await Labeller(source, [recorder], clock=Clock(42), oneshot=True).run(asyncio.Event())
+    assert recorder.calls[0][TIMESTAMP_LABEL] == "42"
+
+
+async def test_unchanged_labels_keep_their_timestamp_and_rewrite_nothing(
+    feature_file: FeatureFile,
+) -> None:
+    clock, recorder = Clock(1000), RecordingSink()
+    labeller = Labeller(Source(T4), [feature_file, recorder], clock=clock)
+    assert await labeller.relabel()
+    before = path_of(feature_file).stat()
+    clock.now = 1060
+    assert not await labeller.relabel()
+    after = path_of(feature_file).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert [c[TIMESTAMP_LABEL] for c in recorder.calls] == ["1000", "1000"]
+
+
+async def test_a_real_change_is_published_with_a_new_timestamp(feature_file: FeatureFile) -> None:
+    clock, source, recorder = Clock(1000), Source(T4), RecordingSink()
+    labeller = Labeller(source, [feature_file, recorder], clock=clock)
+    await labeller.relabel()
+    clock.now, source.labels = 1060, dict(T4_SHARED)
+    assert await labeller.relabel()
+    assert file_labels(feature_file) == {**T4_SHARED, TIMESTAMP_LABEL: "1060"}
+    assert recorder.calls[-1] == {**T4_SHARED, TIMESTAMP_LABEL: "1060"}
+
+
+# --- run modes ---------------------------------------------------------------------------
+
+
+async def test_interval_mode_relabels_until_stopped_then_removes_the_file(
+    feature_file: FeatureFile,
+) -> None:
+    recorder = RecordingSink()
+    labeller = Labeller(Source(T4), [feature_file, recorder], interval_s=0.01)
+    async for _stop in running(labeller):
+        await recorder.until(3)
+        assert path_of(feature_file).exists()
+    assert not path_of(feature_file).exists()
+    assert recorder.removed == 1
+
+
+async def test_infinite_mode_labels_once_then_only_on_relabel(feature_file: FeatureFile) -> None:
+    source, recorder = Source(T4), RecordingSink()
+    labeller = Labeller(source, [feature_file, recorder], interval_s=None)
+    async for _stop in running(labeller):
+        await recorder.until(1)
+        source.labels = dict(T4_SHARED)
+        assert await labeller.relabel()
+        assert source.calls == 2
+    assert file_labels(feature_file)["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert recorder.removed == 0  # infinite mode leaves the file, as upstream
+
+
+async def test_oneshot_raises_a_labelling_failure() -> None:
+    source = Source(T4)
+    source.errors.append(HardwareError("driver version '550' does not match X.Y[.Z]"))
+    with pytest.raises(HardwareError, match="driver version"):
+        await Labeller(source, [RecordingSink()], oneshot=True).run(asyncio.Event())
+
+
+async def test_a_failed_labelling_is_logged_and_retried_even_in_infinite_mode(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    source, recorder = Source(T4), RecordingSink()
+    source.errors.append(HardwareError("driver version '550' does not match X.Y[.Z]"))
+    labeller = Labeller(source, [recorder], interval_s=None, retry_s=0.01)
+    async for _stop in running(labeller):
+        await recorder.until(1)
+    assert source.calls >= 2
+    assert recorder.calls[0]["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert any(e["event"] == "labels_failed" for e in logs)
+
+
+async def test_a_failing_sink_does_not_stop_the_others_and_is_retried(
+    feature_file: FeatureFile,
+) -> None:
+    flaky = RecordingSink(failures=1)
+    labeller = Labeller(Source(T4), [flaky, feature_file], interval_s=None, retry_s=0.01)
+    with pytest.raises(BackendError, match="unreachable"):
+        await labeller.relabel()
+    assert file_labels(feature_file)["nvidia.com/gpu.product"] == "Tesla-T4"
+    async for _stop in running(labeller):
+        await flaky.until(2)
+    assert flaky.stored == {**T4, TIMESTAMP_LABEL: flaky.calls[0][TIMESTAMP_LABEL]}
+
+
+def test_intervals_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        Labeller(Source(T4), [], interval_s=0)
+    with pytest.raises(ValueError, match="retry_s"):
+        Labeller(Source(T4), [], retry_s=-1)
+
+
+# --- sources and the NodeFeature sink ----------------------------------------------------
+
+
+async def test_snapshot_labels_computes_core_labels_and_logs_warnings_once(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    snapshot = load_spec("a100-40gb-mig-mixed")  # MIG enabled and disabled: invalid single
+    settings = ResourceSettings(mig_strategy=MIG_SINGLE)
+
+    async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
+        return snapshot, settings
+
+    compute = snapshot_labels(read, machine="Test Machine")
+    first = await compute()
+    assert await compute() == first
+    assert first == node_labels(snapshot, settings, machine="Test Machine")
+    assert first["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
+    assert [e["event"] for e in logs] == ["label_warning"]
+
+
+class FakeNodeApi:
+    """The NodeFeature part of NodeApi: stores labels per (namespace, node)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, str]] = {}
+
+    async def publish_node_feature(
+        self, node: str, namespace: str, labels: Mapping[str, str]
+    ) -> bool:
+        key = (namespace, f"nvidia-features-for-{node}")
+        if self.objects.get(key) == dict(labels):
+            return False
+        self.objects[key] = dict(labels)
+        return True
+
+
+async def test_node_feature_sink_publishes_through_the_node_api() -> None:
+    api = FakeNodeApi()
+    sink = NodeFeatureSink(api, "gpu-node-1", "gpu-operator")
+    labeller = Labeller(Source(T4), [sink], clock=Clock(1000))
+    assert await labeller.relabel()
+    assert not await labeller.relabel()
+    assert api.objects == {
+        ("gpu-operator", "nvidia-features-for-gpu-node-1"): {**T4, TIMESTAMP_LABEL: "1000"}
+    }
+    await sink.remove()
+    assert api.objects  # left for garbage collection through owner references
