@@ -108,5 +108,7 @@ class ResourceHandler:
         )
 
     def _listing(self) -> tuple[tuple[AdvertisedDevice, bool], ...]:
-        bad = self._unhealthy
-        return tuple((d, d.gpu_uuid not in bad) for d in self._resource.devices)
+        bad = self._unhealthy  # GPU UUIDs (every device on them) and MIG UUIDs
+        return tuple(
+            (d, d.gpu_uuid not in bad and d.physical_id not in bad) for d in self._resource.devices
+        )
