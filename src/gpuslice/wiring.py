@@ -7,14 +7,16 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.config.convert import allocate_options, resource_settings
 from gpuslice.config.flags import resolve, setting
 from gpuslice.config.loader import LoadedConfig, load_config_file
 from gpuslice.config.v1 import Config
 from gpuslice.core.container_spec import CONTROL_DEVICES
-from gpuslice.core.ports import GpuBackend, PluginEndpoint
+from gpuslice.core.ports import GpuBackend
 from gpuslice.services.agent import AgentDeps, DirEvents, Settings
+from gpuslice.services.plugin_manager import ServedEndpoint
 from gpuslice.services.resource_handler import ResourceHandler
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -75,16 +77,44 @@ class _Endpoint:
     def __init__(self, server: DevicePluginServer, kubelet_socket: str) -> None:
         self._server = server
         self._kubelet_socket = kubelet_socket
+        self._kubelet: _Stamp | None = None  # kubelet.sock our registration went to
 
     async def start(self) -> None:
         await self._server.start()
 
     async def register(self) -> None:
-        if self._kubelet_socket:
-            await self._server.register(self._kubelet_socket)
+        if not self._kubelet_socket:
+            return
+        self._kubelet = None
+        kubelet = _stamp(self._kubelet_socket)
+        if kubelet is None:
+            # Fail at once rather than block: kubelet.sock appearing is watched for.
+            raise RegistrationError(
+                self._server.resource_name, self._kubelet_socket, "UNAVAILABLE", "no kubelet yet"
+            )
+        await self._server.register(self._kubelet_socket)
+        self._kubelet = kubelet
+
+    def current(self) -> bool:
+        if not self._server.socket_present():
+            return False
+        return not self._kubelet_socket or self._kubelet == _stamp(self._kubelet_socket)
 
     async def stop(self) -> None:
+        self._kubelet = None
         await self._server.stop()
+
+
+_Stamp = tuple[int, int, int]
+
+
+def _stamp(path: str) -> _Stamp | None:
+    """Which file is at `path` now: a re-created kubelet.sock gets a new stamp."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _watch(path: str, names: Collection[str] | None) -> DirEvents:
@@ -95,7 +125,7 @@ def agent_deps(opts: RunOptions) -> AgentDeps:
     plugin_dir = opts.plugin_dir
     kubelet_socket = opts.kubelet_socket
 
-    def endpoint(handler: ResourceHandler) -> PluginEndpoint:
+    def endpoint(handler: ResourceHandler) -> ServedEndpoint:
         return _Endpoint(DevicePluginServer(handler, plugin_dir), kubelet_socket)
 
     control = () if opts.fake_hardware else tuple(p for p in CONTROL_DEVICES if os.path.exists(p))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -93,11 +94,19 @@ class Agent:
             await stop.wait()
             return
         try:
-            await self._apply(settings)
-            self.ready.set()
             async with contextlib.AsyncExitStack() as stack:
+                # Watch before serving: a kubelet that starts meanwhile deletes our
+                # sockets and creates kubelet.sock, and both must be seen.
+                events: AsyncIterator[tuple[str, str]] | None = None
+                if self._deps.watch is not None:
+                    watch = self._deps.watch(self._deps.plugin_dir, None)
+                    events = await stack.enter_async_context(watch)
+                await self._apply(settings)
+                self.ready.set()
                 stack.enter_context(HealthThread(self._backend, self._on_event))
-                tasks = [asyncio.create_task(self._watch_kubelet())]
+                tasks: list[asyncio.Task[None]] = []
+                if events is not None:
+                    tasks.append(asyncio.create_task(self._watch_kubelet(events)))
                 if reload is not None:
                     tasks.append(asyncio.create_task(self._reload_loop(reload)))
                 try:
@@ -153,17 +162,19 @@ class Agent:
             reload.clear()
             await self.reload()
 
-    async def _watch_kubelet(self) -> None:
-        if self._deps.watch is None:
-            return
-        async with self._deps.watch(self._deps.plugin_dir, None) as events:
-            async for name, kind in events:
-                if name == KUBELET_SOCKET and kind == "created":
-                    await self.manager.kubelet_restarted()
-                elif kind == "deleted":
-                    for res, handler in self.manager.handlers.items():
-                        if handler.resource.socket_name == name:
-                            await self.manager.socket_deleted(res)
+    async def _watch_kubelet(self, events: AsyncIterator[tuple[str, str]]) -> None:
+        async for name, kind in events:
+            if name == KUBELET_SOCKET and kind == "created":
+                await self.manager.kubelet_restarted()
+            elif kind == "deleted" and not self._socket_exists(name):
+                # A socket we re-created ourselves since (a restart stops the old
+                # server first) is no loss: acting on it would restart forever.
+                for res, handler in self.manager.handlers.items():
+                    if handler.resource.socket_name == name:
+                        await self.manager.socket_deleted(res)
+
+    def _socket_exists(self, name: str) -> bool:
+        return os.path.lexists(os.path.join(self._deps.plugin_dir, name))
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)

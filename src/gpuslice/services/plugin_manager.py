@@ -3,8 +3,9 @@
 apply() touches only what changed: an unchanged resource keeps its server
 and registration, a changed one sends a new list, a vanished one is stopped
 (its socket removed), a new one is started and registered. A kubelet restart
-(kubelet.sock created again) re-creates every socket and re-registers every
-resource at once; a deleted socket of ours is re-created.
+(kubelet.sock created again) re-creates the socket and re-registers every
+resource not already registered with that kubelet, all at once; a deleted
+socket of ours is re-created.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -24,7 +26,14 @@ from gpuslice.services.resource_handler import ResourceHandler
 
 log = structlog.get_logger("gpuslice.plugins")
 
-EndpointFactory = Callable[[ResourceHandler], PluginEndpoint]
+
+class ServedEndpoint(PluginEndpoint, Protocol):
+    def current(self) -> bool:
+        """True while our socket is in place and registered with the kubelet serving now."""
+        ...
+
+
+EndpointFactory = Callable[[ResourceHandler], ServedEndpoint]
 
 RETRY_START_S = 0.5
 RETRY_MAX_S = 10.0
@@ -33,7 +42,7 @@ RETRY_MAX_S = 10.0
 @dataclass
 class _Served:
     handler: ResourceHandler
-    endpoint: PluginEndpoint
+    endpoint: ServedEndpoint
     registered: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     retry: asyncio.Task[None] | None = None
@@ -91,9 +100,12 @@ class PluginManager:
         return [n for n, s in self._served.items() if s.handler.update(unhealthy=unhealthy)]
 
     async def kubelet_restarted(self) -> None:
-        """kubelet.sock was created again: new sockets, new registrations, all at once."""
+        """kubelet.sock was created again: new sockets and registrations, all at once,
+        for every resource not already registered with this kubelet on its socket."""
         log.info("kubelet_restart_detected", resources=len(self._served))
-        await asyncio.gather(*(self._restart(name) for name in list(self._served)))
+        await asyncio.gather(
+            *(self._restart(name, unless_current=True) for name in list(self._served))
+        )
 
     async def socket_deleted(self, name: str) -> None:
         """Our socket for resource `name` vanished: serve it again and re-register."""
@@ -109,11 +121,14 @@ class PluginManager:
             await served.endpoint.start()
             await self._register(name, served)
 
-    async def _restart(self, name: str) -> None:
+    async def _restart(self, name: str, *, unless_current: bool = False) -> None:
         served = self._served.get(name)
         if served is None:
             return
         async with served.lock:
+            if unless_current and served.registered and served.endpoint.current():
+                log.info("registration_current", resource=name)
+                return
             served.registered = False
             await served.endpoint.stop()
             await served.endpoint.start()

@@ -1,0 +1,186 @@
+"""The whole agent, wired as `gpuslice run` wires it, on simulated hardware.
+
+AgentLauncher starts services.agent.Agent from wiring.agent_deps(RunOptions(...))
+against the kubelet stand-in's directory; RunningAgent is one such agent with
+what tests need to drive and observe it. Every wait is on a condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.core.devices import physical_id
+from gpuslice.services.agent import Agent
+from gpuslice.wiring import RunOptions, agent_deps
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+GPU = "nvidia.com/gpu"
+STOP_TIMEOUT_S = 10.0
+
+
+def short_dir(prefix: str = "gsi-") -> str:
+    """A fresh directory under /tmp: unix socket paths stay far below 108 bytes."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+def remove_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_file(path: str | os.PathLike[str], text: str) -> None:
+    """Replace a file's content in place, as an editor or a ConfigMap update would."""
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def registrations(kubelet: KubeletStandin) -> Counter[str]:
+    """Accepted Register calls per resource, as the stand-in saw them."""
+    return Counter(r.resource for r in kubelet.registrations if r.accepted)
+
+
+def gpus_of(device_ids: Iterable[str]) -> set[str]:
+    """The physical devices behind kubelet device IDs (replica suffixes dropped)."""
+    return {physical_id(d) for d in device_ids}
+
+
+def serving(kubelet: KubeletStandin, expected: Mapping[str, int]) -> bool:
+    """True when each resource is registered, streaming, with its full healthy list."""
+    for name, count in expected.items():
+        devices = kubelet.devices(name)
+        if kubelet.endpoint(name) is None or len(devices) != count:
+            return False
+        if not all(d.healthy for d in devices.values()):
+            return False
+    return True
+
+
+def is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+@dataclass
+class RunningAgent:
+    agent: Agent
+    opts: RunOptions
+    plugin_dir: str
+    events_path: str
+    stop: asyncio.Event
+    reload_event: asyncio.Event
+    task: asyncio.Task[None]
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def served(self) -> dict[str, int]:
+        """resource -> device count, as the agent serves them now."""
+        return {name: len(h.devices()) for name, h in self.agent.manager.handlers.items()}
+
+    def socket(self, name: str) -> str:
+        return os.path.join(self.plugin_dir, name)
+
+    def gpu_uuid(self, index: int) -> str:
+        return self.agent.snapshot.gpus[index].uuid
+
+    async def registered(self, kubelet: KubeletStandin, timeout_s: float = 5.0) -> None:
+        """Wait until the stand-in streams every resource the agent serves, all healthy."""
+        want = self.served
+        await kubelet.wait_for(lambda k: serving(k, want), timeout_s)
+
+    def inject(self, **event: object) -> None:
+        """Append one health event line, as a person or another process would."""
+        with open(self.events_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(event) + "\n")
+
+    async def until_ready(self, timeout_s: float = 5.0) -> None:
+        """Wait for `agent.ready`, failing at once with the agent's error if it stops first."""
+        waiter = asyncio.ensure_future(self.agent.ready.wait())
+        done, _ = await asyncio.wait(
+            {waiter, self.task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        if waiter not in done:
+            waiter.cancel()
+            if self.task in done:
+                self.task.result()
+                raise AssertionError("the agent stopped before it was ready")
+            raise TimeoutError(f"agent not ready within {timeout_s}s")
+
+    async def shutdown(self) -> None:
+        """Set `stop` and wait for run() to return (re-raising its error)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.stop.set()
+        await asyncio.wait_for(self.task, STOP_TIMEOUT_S)
+
+
+class AgentLauncher:
+    """Starts agents on `plugin_dir`; close() stops every one still running."""
+
+    def __init__(self, plugin_dir: str) -> None:
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
+        self._running: list[RunningAgent] = []
+
+    def options(
+        self,
+        hardware: str = "t4",
+        *,
+        config: str | os.PathLike[str] | None = None,
+        config_name: str | None = None,
+        flags: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> RunOptions:
+        cli = {"kubelet-socket": self.kubelet_socket}
+        if config is not None:
+            cli["config-file"] = str(config)
+        cli.update(flags or {})
+        return RunOptions(
+            cli_values=cli,
+            env=dict(env or {}),
+            config_name=config_name,
+            fake_hardware=hardware,
+            fake_events=os.path.join(self.plugin_dir, "events.jsonl"),
+        )
+
+    async def start(
+        self,
+        hardware: str = "t4",
+        *,
+        config: str | os.PathLike[str] | None = None,
+        config_name: str | None = None,
+        flags: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait_ready: bool = True,
+    ) -> RunningAgent:
+        opts = self.options(hardware, config=config, config_name=config_name, flags=flags, env=env)
+        agent = Agent(agent_deps(opts))
+        stop, reload = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(agent.run(stop, reload))
+        assert opts.fake_events is not None
+        running = RunningAgent(agent, opts, self.plugin_dir, opts.fake_events, stop, reload, task)
+        self._running.append(running)
+        if wait_ready:
+            await running.until_ready()
+        return running
+
+    async def close(self) -> None:
+        errors: list[BaseException] = []
+        for running in self._running:
+            try:
+                await running.shutdown()
+            except BaseException as exc:  # report every agent's failure, stop them all
+                errors.append(exc)
+        if errors:
+            raise errors[0]

@@ -1,0 +1,49 @@
+"""Shared fixtures: a short plugin directory, the kubelet stand-in on it, and an
+agent launcher that stops every agent it started."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import structlog
+from agent_harness import AgentLauncher, remove_dir, short_dir
+
+from gpuslice import logs
+from gpuslice.adapters.kubelet.standin import KubeletStandin
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs() -> Iterator[None]:
+    """Only errors reach the test output; the logging config is restored after."""
+    saved = structlog.get_config()
+    logs.setup("error")
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        structlog.contextvars.clear_contextvars()
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[str]:
+    path = short_dir()
+    try:
+        yield path
+    finally:
+        remove_dir(path)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
+    async with KubeletStandin(plugin_dir) as standin:
+        yield standin
+
+
+@pytest.fixture
+async def launcher(plugin_dir: str) -> AsyncIterator[AgentLauncher]:
+    agents = AgentLauncher(plugin_dir)
+    try:
+        yield agents
+    finally:
+        await agents.close()

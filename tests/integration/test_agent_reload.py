@@ -1,0 +1,153 @@
+"""Reload after the config file changed on disk (what SIGHUP does): an unchanged
+resource name keeps its registration and gets a new list, a rename moves the
+devices to a new resource and socket, a broken file keeps the last good config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from agent_harness import (
+    EXAMPLES,
+    GPU,
+    AgentLauncher,
+    RunningAgent,
+    is_socket,
+    registrations,
+    serving,
+    write_file,
+)
+
+from gpuslice.adapters.kubelet.standin import KubeletStandin
+
+SHARED = "nvidia.com/gpu.shared"
+
+
+def _time_slicing(replicas: int, *, rename: bool = False) -> str:
+    rename_line = "    renameByDefault: true\n" if rename else ""
+    return (
+        "version: v1\nsharing:\n  timeSlicing:\n"
+        f"{rename_line}"
+        f"    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(_time_slicing(4))
+    return path
+
+
+async def _started(kubelet: KubeletStandin, launcher: AgentLauncher, config: Path) -> RunningAgent:
+    running = await launcher.start("t4x4", config=config)
+    await running.registered(kubelet)
+    assert running.served == {GPU: 16}
+    return running
+
+
+async def test_fewer_replicas_send_a_new_list_on_the_same_registration(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path
+) -> None:
+    running = await _started(kubelet, launcher, config)
+    updates = kubelet.updates(GPU)
+
+    write_file(config, _time_slicing(2))
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
+    assert kubelet.updates(GPU) == updates + 1
+    assert registrations(kubelet) == {GPU: 1}
+    assert {d.split("::")[1] for d in kubelet.devices(GPU)} == {"0", "1"}
+
+
+async def test_reload_through_the_reload_event_applies_the_edited_file(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path
+) -> None:
+    """The event the SIGHUP handler sets runs the same reload."""
+    running = await _started(kubelet, launcher, config)
+    write_file(config, _time_slicing(3))
+    running.reload_event.set()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 12}))
+    assert registrations(kubelet) == {GPU: 1}
+
+
+async def test_a_new_list_strategy_applies_to_the_next_allocate_without_a_new_list(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path
+) -> None:
+    running = await _started(kubelet, launcher, config)
+    updates = kubelet.updates(GPU)
+    g0 = running.gpu_uuid(0)
+    (before,) = await kubelet.allocate(GPU, [[f"{g0}::0"]])
+    assert before.envs == {"NVIDIA_VISIBLE_DEVICES": g0}
+
+    cdi = "flags:\n  plugin:\n    deviceListStrategy: cdi-cri\n"
+    write_file(config, _time_slicing(4).replace("sharing:", f"{cdi}sharing:"))
+    assert await running.agent.reload()
+    (after,) = await kubelet.allocate(GPU, [[f"{g0}::0"]])
+    assert after.cdi_devices == (f"k8s.device-plugin.nvidia.com/gpu={g0}",)
+    assert after.envs == {}
+    assert kubelet.updates(GPU) == updates
+    assert registrations(kubelet) == {GPU: 1}
+
+
+async def test_renaming_registers_the_new_resource_and_removes_the_old_socket(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path
+) -> None:
+    running = await _started(kubelet, launcher, config)
+    write_file(config, _time_slicing(4, rename=True))
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {SHARED: 16}) and k.endpoint(GPU) is None)
+    assert running.served == {SHARED: 16}
+    assert registrations(kubelet) == {GPU: 1, SHARED: 1}
+    assert kubelet.endpoint(SHARED) == "nvidia-gpu.shared.sock"
+    assert is_socket(running.socket("nvidia-gpu.shared.sock"))
+    assert not is_socket(running.socket("nvidia-gpu.sock"))
+    # As on a real node: the old resource's capacity stays until the kubelet
+    # forgets it, but none of it can be allocated.
+    assert kubelet.node_status().allocatable == {GPU: 0, SHARED: 16}
+    await kubelet.admit("shared-pod", {"main": {SHARED: 1}})
+    assert kubelet.stale_streams == []
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        _time_slicing(1),  # replicas must be >= 2
+        "version: v1\nsharing: [\n",  # not YAML
+        "version: v2\n",  # unknown version
+    ],
+    ids=["one-replica", "not-yaml", "unknown-version"],
+)
+async def test_a_broken_config_keeps_the_last_good_one_serving(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path, broken: str
+) -> None:
+    running = await _started(kubelet, launcher, config)
+    updates = kubelet.updates(GPU)
+
+    write_file(config, broken)
+    assert await running.agent.reload() is False
+    assert running.served == {GPU: 16}
+    assert serving(kubelet, {GPU: 16})
+    assert kubelet.updates(GPU) == updates
+    (admitted,) = await kubelet.admit("still-served", {"main": {GPU: 1}})
+    assert admitted.device_ids[0] in kubelet.devices(GPU)
+
+    write_file(config, _time_slicing(2))
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
+    assert registrations(kubelet) == {GPU: 1}
+
+
+async def test_reload_from_a_configmap_entry_keeps_the_named_entry(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    """The config name chosen at start still selects the entry after a reload."""
+    manifest = tmp_path / "configmap.yaml"
+    text = (EXAMPLES / "time-slicing-configmap.yaml").read_text()
+    manifest.write_text(text)
+    running = await launcher.start("t4x4", config=manifest, config_name="tesla-t4")
+    await running.registered(kubelet)
+    assert running.served == {GPU: 16}
+    write_file(manifest, text.replace("replicas: 4", "replicas: 2"))
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
