@@ -95,25 +95,25 @@ def main() -> None:
 def run(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
     """Run the node agent: serve every resource to the kubelet until SIGTERM."""
     from gpuslice import logs
-    from gpuslice.services.agent import Agent
-    from gpuslice.wiring import agent_deps
 
     opts = run_options(ctx, params)
-    node = os.environ.get("NODE_NAME", "")
+    node = opts.get("node-name")
     logs.setup(log_level, log_format, bound={"node": node} if node else None)
     try:
-        asyncio.run(_serve(Agent(agent_deps(opts))))
+        asyncio.run(_serve(opts))
     except GpusliceError as exc:
         fail(exc)
 
 
-async def _serve(agent: Any) -> None:
+async def _serve(opts: Any) -> None:
+    from gpuslice.wiring import run_node
+
     loop = asyncio.get_running_loop()
     stop, reload = asyncio.Event(), asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    await agent.run(stop, reload)
+    await run_node(opts, stop, reload)
 
 
 def _inspect_flag_options(fn: F) -> F:

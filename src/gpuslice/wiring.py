@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
+from gpuslice.adapters.nfd_file import FeatureFile
+from gpuslice.adapters.status_http import StatusServer
+from gpuslice.config.checks import duration_seconds
 from gpuslice.config.convert import allocate_options, resource_settings
-from gpuslice.config.flags import resolve, setting
+from gpuslice.config.flags import resolve, setting, with_defaults
 from gpuslice.config.loader import LoadedConfig, load_config_file
 from gpuslice.config.v1 import Config
 from gpuslice.core.container_spec import CONTROL_DEVICES
-from gpuslice.core.ports import GpuBackend
+from gpuslice.core.health import XidPolicy
+from gpuslice.core.ports import GpuBackend, LabelSink, NodeApi
 from gpuslice.services.agent import AgentDeps, DirEvents, Settings
+from gpuslice.services.config_manager import ConfigManager
+from gpuslice.services.health_env import recovery_from_env
+from gpuslice.services.labeller import NodeFeatureSink
+from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.plugin_manager import ServedEndpoint
 from gpuslice.services.resource_handler import ResourceHandler
 
@@ -40,6 +51,16 @@ class RunOptions:
     def plugin_dir(self) -> str:
         return os.path.dirname(self.kubelet_socket) or DEFAULT_PLUGIN_DIR
 
+    def get(self, name: str) -> str:
+        """A setting that lives outside the config file (flag > env > default)."""
+        return setting(name, self.cli_values, self.env)
+
+    @property
+    def config_dir(self) -> str:
+        """The mounted ConfigMap directory of per-node configs, if any."""
+        path = self.get("config-file")
+        return self.get("config-file-srcdir") or (path if path and os.path.isdir(path) else "")
+
 
 def effective_config(opts: RunOptions) -> LoadedConfig:
     """The config file (if any) with flags and env vars applied. Raises ConfigError."""
@@ -50,12 +71,19 @@ def effective_config(opts: RunOptions) -> LoadedConfig:
 
 
 def settings(opts: RunOptions) -> Settings:
-    loaded = effective_config(opts)
-    config = loaded.config
+    return settings_from(effective_config(opts), opts)
+
+
+def settings_from(loaded: LoadedConfig, opts: RunOptions) -> Settings:
+    """The agent's settings from one loaded config, with flags and env vars applied
+    (resolving twice is harmless: an explicit flag always wins)."""
+    config = resolve(loaded.config, opts.cli_values, opts.env)
     return Settings(
         resources=resource_settings(config),
         allocate=allocate_options(config),
         fail_on_init_error=bool(config.flags.fail_on_init_error),
+        xid_policy=XidPolicy.from_env(opts.env),
+        recovery=recovery_from_env(opts.env),
         warnings=loaded.warnings,
     )
 
@@ -137,3 +165,94 @@ def agent_deps(opts: RunOptions) -> AgentDeps:
         watch=_watch if kubelet_socket else None,
         control_devices=control,
     )
+
+
+def node_api(opts: RunOptions) -> NodeApi | None:
+    """The Kubernetes API for this node when there is one to talk to."""
+    kubeconfig = opts.get("kubeconfig")
+    if not opts.get("node-name") or not (kubeconfig or opts.env.get("KUBERNETES_SERVICE_HOST")):
+        return None
+    from gpuslice.adapters.kube import KubeNodeApi
+
+    return KubeNodeApi(
+        kubeconfig=kubeconfig or None,
+        pod_name=opts.env.get("POD_NAME") or None,
+        event_namespace=opts.get("namespace"),
+    )
+
+
+def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
+    return DirWatcher(path, names, poll_interval=0.5)
+
+
+def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
+    """The agent, plus a per-node config manager and a labeller when configured."""
+    node = opts.get("node-name")
+    config_dir = opts.config_dir
+    manager = None
+    if config_dir:
+        source = api or MemoryNodeApi()  # no cluster: the label reads as unset
+
+        def manager(apply: Apply) -> ConfigManager[Settings]:
+            return ConfigManager(
+                source,
+                node,
+                config_dir,
+                lambda loaded: settings_from(loaded, opts),
+                apply,
+                watch=_config_watch,
+                label=opts.get("node-label"),
+                default=opts.get("default-config") or None,
+                fallbacks=_list(opts.get("fallback-strategies")),
+            )
+
+    return NodeDeps(agent=agent_deps(opts), manager=manager, labels=label_options(opts, api))
+
+
+def label_options(opts: RunOptions, api: NodeApi | None) -> LabelOptions | None:
+    """Where labels go: the NodeFeature object through the API, or a features.d file."""
+    wanted = opts.get("labels")
+    if wanted == "false" or (wanted == "auto" and api is None):
+        return None
+    flags = with_defaults(resolve(Config(), opts.cli_values, opts.env)).flags
+    gfd = flags.gfd
+    node = opts.get("node-name")
+    sink: LabelSink
+    if flags.use_node_feature_api and api is not None and node:
+        sink = NodeFeatureSink(api, node, opts.get("namespace"))
+    else:
+        sink = FeatureFile(gfd.output_file or "")
+    interval = duration_seconds(gfd.sleep_interval or "60s")
+    return LabelOptions(
+        sinks=[sink],
+        interval_s=interval,
+        timestamps=not gfd.no_timestamp,
+        machine=_read_machine(gfd.machine_type_file or ""),
+    )
+
+
+def _read_machine(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
+    """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked."""
+    api = node_api(opts)
+    try:
+        node = Node(node_deps(opts, api))
+        async with contextlib.AsyncExitStack() as stack:
+            address = opts.get("status-address")
+            if address:
+                await stack.enter_async_context(StatusServer(address, node.readiness))
+            await node.run(stop, reload)
+    finally:
+        if api is not None:
+            await api.aclose()

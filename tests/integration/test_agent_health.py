@@ -38,14 +38,14 @@ def _only_unhealthy(
     return True
 
 
-async def test_xid_79_marks_every_replica_of_that_gpu_and_recovery_restores_them(
+async def test_a_transient_xid_marks_every_replica_of_that_gpu_and_recovery_restores_them(
     kubelet: KubeletStandin, launcher: AgentLauncher
 ) -> None:
     running = await launcher.start("t4x4", config=EXAMPLES / "time-slicing.yaml")
     await running.registered(kubelet)
     bad = running.gpu_uuid(2)
 
-    running.inject(gpu=2, xid=79)
+    running.inject(gpu=2, xid=94)  # contained ECC error: transient
     await kubelet.wait_for(lambda k: _only_unhealthy(k, running, {GPU: {bad}}))
     status = kubelet.node_status()
     assert (status.capacity[GPU], status.allocatable[GPU]) == (16, 12)
@@ -66,6 +66,22 @@ async def test_xid_79_marks_every_replica_of_that_gpu_and_recovery_restores_them
     assert kubelet.node_status().allocatable[GPU] == 16
     (late,) = await kubelet.admit("after-recovery", {"main": {GPU: 1}})
     assert gpus_of(late.device_ids) == {bad}
+
+
+async def test_a_fatal_xid_stays_unhealthy_after_a_recovered_event(
+    kubelet: KubeletStandin, launcher: AgentLauncher
+) -> None:
+    """XID 79 (fallen off the bus) needs a GPU reset: "recovered" does not clear it,
+    while a transient mark on another GPU is cleared by the same kind of event."""
+    running = await launcher.start("t4x4", config=EXAMPLES / "time-slicing.yaml")
+    await running.registered(kubelet)
+    fatal, transient = running.gpu_uuid(1), running.gpu_uuid(3)
+    running.inject(gpu=1, xid=79)
+    running.inject(gpu=3, xid=94)
+    await kubelet.wait_for(lambda k: _only_unhealthy(k, running, {GPU: {fatal, transient}}))
+    running.inject(gpu=1, recovered=True)
+    running.inject(gpu=3, recovered=True)
+    await kubelet.wait_for(lambda k: _only_unhealthy(k, running, {GPU: {fatal}}))
 
 
 async def test_an_ignored_xid_changes_nothing(
@@ -96,7 +112,7 @@ async def test_xid_on_a_mig_gpu_marks_every_mig_device_of_it_in_every_resource(
     await running.registered(kubelet)
     mig_gpu, plain_gpu = running.gpu_uuid(0), running.gpu_uuid(1)
 
-    running.inject(gpu=0, xid=79)
+    running.inject(gpu=0, xid=94)  # transient, so the recovered event below clears it
     on_mig_gpu = {name: {mig_gpu} for name in MIG_RESOURCES}
     await kubelet.wait_for(lambda k: _only_unhealthy(k, running, on_mig_gpu))
     assert kubelet.node_status().allocatable == {GPU: 8} | dict.fromkeys(MIG_RESOURCES, 0)

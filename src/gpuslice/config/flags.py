@@ -27,6 +27,8 @@ from gpuslice.config.checks import (
 from gpuslice.config.decode import config_error
 from gpuslice.config.v1 import Config
 from gpuslice.core.response import LIST_STRATEGIES
+from gpuslice.core.selection import DEFAULT_FALLBACKS, DEFAULT_LABEL
+from gpuslice.core.selection import FALLBACKS as SELECTION_FALLBACKS
 
 BOOL = "bool"
 STRING = "string"
@@ -140,6 +142,26 @@ FLAGS: tuple[Flag, ...] = (
           "config file, ConfigMap manifest or mounted ConfigMap directory"),
     _flag("kubelet-socket", "KUBELET_SOCKET", None, KUBELET_SOCKET,
           "kubelet registration socket (empty: do not register)"),
+    _flag("node-name", "NODE_NAME", None, "",
+          "this node's name (labels, per-node config, events)"),
+    _flag("node-label", "NODE_LABEL", None, DEFAULT_LABEL,
+          "node label that names the config to use"),
+    _flag("config-file-srcdir", "CONFIG_FILE_SRCDIR", None, "",
+          "mounted ConfigMap directory of named configs (per-node configs)"),
+    _flag("default-config", "DEFAULT_CONFIG", None, "",
+          "config to use when the node label is unset"),
+    _flag("fallback-strategies", "FALLBACK_STRATEGIES", None, DEFAULT_FALLBACKS,
+          "what to use when the label and default are unset (comma-separated)",
+          kind=LIST, choices=SELECTION_FALLBACKS),
+    _flag("namespace", "NAMESPACE", None, "default",
+          "namespace of the NodeFeature object and Events"),
+    _flag("kubeconfig", "KUBECONFIG", None, "",
+          "kubeconfig file (empty: in-cluster config)"),
+    _flag("labels", "GPUSLICE_LABELS", None, "auto",
+          "publish node labels beside the plugin: auto (when in a cluster), true or false",
+          choices=("auto", "true", "false")),
+    _flag("status-address", "GPUSLICE_STATUS_ADDRESS", None, "",
+          "host:port for /healthz and /readyz (empty: off)"),
 )
 # fmt: on
 

@@ -13,8 +13,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuslice.core.devices import HealthEvent
-
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
 ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
 
@@ -91,15 +89,3 @@ def _xid_list(name: str, value: str) -> tuple[bool, frozenset[int], tuple[str, .
 
 def _join(xids: Iterable[int]) -> str:
     return ",".join(str(x) for x in sorted(xids))
-
-
-def apply_event(unhealthy: frozenset[str], event: HealthEvent, policy: XidPolicy) -> frozenset[str]:
-    """The unhealthy GPUs after `event`, without scoping or recovery classes.
-    services.health_monitor.HealthMonitor supersedes this."""
-    if not policy.watching:
-        return unhealthy
-    if event.kind == "lost" or (event.kind == "xid" and policy.counts(event.xid)):
-        return unhealthy | {event.gpu_uuid}
-    if event.kind == "recovered":
-        return unhealthy - {event.gpu_uuid}
-    return unhealthy

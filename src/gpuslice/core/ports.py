@@ -97,6 +97,10 @@ class NodeApi(Protocol):
         """A Kubernetes Event on the Node (best effort: never raises)."""
         ...
 
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
 
 class LabelSink(Protocol):
     """Where node labels go: an NFD features.d file or a NodeFeature object."""

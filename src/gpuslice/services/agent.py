@@ -17,15 +17,16 @@ from typing import TypeVar
 
 import structlog
 
-from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.health import XidPolicy, apply_event
+from gpuslice.core.health import XidPolicy
+from gpuslice.core.health_state import RecoveryPolicy
 from gpuslice.core.ports import GpuBackend
 from gpuslice.core.resources import Resource, build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.topology import Topology
-from gpuslice.services.health_thread import HealthThread
+from gpuslice.services.health_monitor import HealthMonitor
 from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
 
 log = structlog.get_logger("gpuslice.agent")
@@ -46,6 +47,7 @@ class Settings:
     allocate: AllocateOptions
     fail_on_init_error: bool = True
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     warnings: tuple[str, ...] = ()
 
 
@@ -67,7 +69,7 @@ class Agent:
         self._backend: GpuBackend | None = None
         self._settings: Settings | None = None
         self._snapshot: HardwareSnapshot | None = None
-        self._unhealthy: frozenset[str] = frozenset()
+        self._monitor: HealthMonitor | None = None
         self.ready = asyncio.Event()  # set once every resource was served the first time
 
     @property
@@ -75,6 +77,16 @@ class Agent:
         """The hardware as last seen (only after `ready` is set)."""
         assert self._snapshot is not None
         return self._snapshot
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force (only after `ready` is set)."""
+        assert self._settings is not None
+        return self._settings
+
+    @property
+    def monitor(self) -> HealthMonitor | None:
+        return self._monitor
 
     @property
     def resources(self) -> tuple[Resource, ...]:
@@ -102,8 +114,16 @@ class Agent:
                     watch = self._deps.watch(self._deps.plugin_dir, None)
                     events = await stack.enter_async_context(watch)
                 await self._apply(settings)
+                self._monitor = HealthMonitor(
+                    self._backend,
+                    settings.xid_policy,
+                    self.manager.set_unhealthy,
+                    recovery=settings.recovery,
+                    call=self._call,
+                )
+                self._monitor.set_hardware(self.snapshot, self.resources)
+                await stack.enter_async_context(self._monitor)
                 self.ready.set()
-                stack.enter_context(HealthThread(self._backend, self._on_event))
                 tasks: list[asyncio.Task[None]] = []
                 if events is not None:
                     tasks.append(asyncio.create_task(self._watch_kubelet(events)))
@@ -125,12 +145,20 @@ class Agent:
     async def reload(self) -> bool:
         """Re-read the config and apply it; a bad one keeps the last good one."""
         try:
-            settings = self._deps.load_settings()
-            await self._apply(settings)
+            await self.apply_settings(self._deps.load_settings())
         except GpusliceError as exc:
             log.error("config_rejected_keeping_last_good", error=str(exc))
             return False
         return True
+
+    async def apply_settings(self, settings: Settings) -> None:
+        """Serve `settings` now, touching only what changed. Raises GpusliceError
+        (nothing changed) when they cannot be served on this hardware."""
+        for warning in settings.warnings:
+            log.warning("config_warning", detail=warning)
+        await self._apply(settings)
+        if self._monitor is not None:
+            self._monitor.set_hardware(self.snapshot, self.resources)
 
     async def _apply(self, settings: Settings) -> None:
         assert self._backend is not None
@@ -141,20 +169,6 @@ class Agent:
         await self.manager.apply(resources, settings.allocate, topology)
         if not resources:
             log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
-
-    def _on_event(self, event: HealthEvent) -> None:
-        """Called on the loop for each backend health event."""
-        policy = self._settings.xid_policy if self._settings else XidPolicy()
-        before = self._unhealthy
-        self._unhealthy = apply_event(before, event, policy)
-        if self._unhealthy == before:
-            log.info("health_event_ignored", gpu=event.gpu_uuid, kind=event.kind, xid=event.xid)
-            return
-        changed = self.manager.set_unhealthy(self._unhealthy)
-        state = "unhealthy" if event.gpu_uuid in self._unhealthy else "healthy"
-        log.warning(
-            f"gpu_{state}", gpu=event.gpu_uuid, kind=event.kind, xid=event.xid, resources=changed
-        )
 
     async def _reload_loop(self, reload: asyncio.Event) -> None:
         while True:

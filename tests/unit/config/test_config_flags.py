@@ -266,6 +266,17 @@ UPSTREAM = {
     "use-node-feature-api": ("GFD_USE_NODE_FEATURE_API", "flags.useNodeFeatureAPI"),
     "config-file": ("CONFIG_FILE", None),
     "kubelet-socket": ("KUBELET_SOCKET", None),
+    # config-manager's and GFD's
+    "node-name": ("NODE_NAME", None),
+    "node-label": ("NODE_LABEL", None),
+    "config-file-srcdir": ("CONFIG_FILE_SRCDIR", None),
+    "default-config": ("DEFAULT_CONFIG", None),
+    "fallback-strategies": ("FALLBACK_STRATEGIES", None),
+    "namespace": ("NAMESPACE", None),
+    "kubeconfig": ("KUBECONFIG", None),
+    # ours
+    "labels": ("GPUSLICE_LABELS", None),
+    "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.core.devices import HealthEvent
-from gpuslice.core.health import DEFAULT_SKIPPED_XIDS, XidPolicy, apply_event
+from gpuslice.core.health import DEFAULT_SKIPPED_XIDS, XidPolicy
 
 from . import builders as b
 
@@ -131,18 +131,3 @@ def test_describe_names_the_effective_policy() -> None:
 
 def xid(code: int, uuid: str = GPU0) -> HealthEvent:
     return HealthEvent(gpu_uuid=uuid, kind="xid", xid=code)
-
-
-def test_apply_event_marks_counted_xids_and_lost_gpus_and_clears_recovered() -> None:
-    p = XidPolicy()
-    assert apply_event(frozenset(), xid(13), p) == frozenset()
-    assert apply_event(frozenset({GPU1}), xid(79), p) == {GPU0, GPU1}
-    down = apply_event(frozenset(), HealthEvent(GPU0, "lost"), p)
-    assert down == {GPU0}
-    assert apply_event(down, HealthEvent(GPU0, "recovered"), p) == frozenset()
-
-
-def test_apply_event_changes_nothing_when_checks_are_off() -> None:
-    off = policy("all")
-    assert apply_event(frozenset(), xid(79), off) == frozenset()
-    assert apply_event(frozenset({GPU0}), HealthEvent(GPU0, "recovered"), off) == {GPU0}

@@ -111,6 +111,9 @@ class MemoryNodeApi:
         self.writes += 1
         return True
 
+    async def aclose(self) -> None:
+        """Nothing to release; present so callers treat both APIs alike."""
+
     async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         if self._reachable:
             self.events.append(

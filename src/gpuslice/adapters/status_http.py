@@ -1,0 +1,70 @@
+"""A tiny HTTP endpoint for probes: /healthz (the loop answers) and /readyz
+(200 when ready, 503 otherwise, with a JSON body saying why)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("gpuslice.status")
+
+# () -> (ready, details)
+ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class StatusServer:
+    def __init__(self, address: str, readiness: ReadinessProbe) -> None:
+        host, _, port = address.rpartition(":")
+        self._host = host or "0.0.0.0"  # noqa: S104 - probes come from the kubelet on the node
+        self._port = int(port)
+        self._readiness = readiness
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def __aenter__(self) -> StatusServer:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        log.info("status_serving", address=f"{self._host}:{self.port}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            parts = request.decode("latin-1").split()
+            path = parts[1] if len(parts) > 1 else ""
+            status, body = self._route(path)
+            payload = json.dumps(body, sort_keys=True).encode()
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + payload)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def _route(self, path: str) -> tuple[str, dict[str, Any]]:
+        if path == "/healthz":
+            return "200 OK", {"ok": True}
+        if path == "/readyz":
+            ready, details = self._readiness()
+            return ("200 OK" if ready else "503 Service Unavailable"), {"ready": ready, **details}
+        return "404 Not Found", {"error": f"no such path {path!r}; use /healthz or /readyz"}

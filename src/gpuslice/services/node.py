@@ -1,0 +1,110 @@
+"""One node's whole agent: the device plugin, where its config comes from, and
+the node's labels, run together on one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.errors import GpusliceError
+from gpuslice.core.ports import LabelSink
+from gpuslice.core.sharing import ResourceSettings
+from gpuslice.services.agent import Agent, AgentDeps, Settings
+from gpuslice.services.config_manager import ConfigManager
+from gpuslice.services.labeller import Labeller, snapshot_labels
+
+log = structlog.get_logger("gpuslice.node")
+
+Apply = Callable[[Settings], Awaitable[None]]
+
+
+@dataclass
+class LabelOptions:
+    sinks: Sequence[LabelSink]
+    interval_s: float | None = 60.0  # None: relabel only on changes
+    timestamps: bool = True
+    machine: str | None = None
+
+
+@dataclass
+class NodeDeps:
+    agent: AgentDeps
+    # Builds the per-node config manager around the callback that applies a config.
+    manager: Callable[[Apply], ConfigManager[Settings]] | None = None
+    labels: LabelOptions | None = None
+
+
+class Node:
+    def __init__(self, deps: NodeDeps) -> None:
+        self.manager = deps.manager(self._apply) if deps.manager else None
+        agent_deps = deps.agent
+        if self.manager is not None:
+            manager = self.manager
+            agent_deps = dataclasses.replace(agent_deps, load_settings=lambda: _first(manager))
+        self.agent = Agent(agent_deps)
+        self.labeller = _labeller(self.agent, deps.labels) if deps.labels else None
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready once every resource is served and registered; details say why not,
+        and which config is in force (a rejected one is reported here too)."""
+        registered = self.agent.manager.registered()
+        ready = self.agent.ready.is_set() and all(registered.values())
+        details: dict[str, Any] = {"resources": registered}
+        if self.manager is not None:
+            details["config"] = self.manager.status.as_dict()
+        return ready, details
+
+    async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
+        """Serve until `stop`; each set of `reload` re-reads the config (SIGHUP)."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                if self.manager is not None:
+                    tasks.create_task(self.manager.run(stop, reload))
+                    await self.manager.ready.wait()
+                    reload = None  # the manager owns re-reading
+                tasks.create_task(self.agent.run(stop, reload))
+                if self.labeller is not None:
+                    tasks.create_task(self._label(stop))
+        except* GpusliceError as group:
+            raise group.exceptions[0] from None
+
+    async def _apply(self, settings: Settings) -> None:
+        if not self.agent.ready.is_set():
+            return  # the first config is read by the agent itself when it starts
+        await self.agent.apply_settings(settings)
+        if self.labeller is not None:
+            await self.labeller.relabel()
+
+    async def _label(self, stop: asyncio.Event) -> None:
+        assert self.labeller is not None
+        waiter = asyncio.create_task(self.agent.ready.wait())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+        if not stop.is_set():
+            await self.labeller.run(stop)
+
+
+def _first(manager: ConfigManager[Settings]) -> Settings:
+    settings = manager.settings
+    assert settings is not None, "the config manager applies a config before the agent starts"
+    return settings
+
+
+def _labeller(agent: Agent, opts: LabelOptions) -> Labeller:
+    async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
+        return agent.snapshot, agent.settings.resources
+
+    return Labeller(
+        snapshot_labels(read, machine=opts.machine),
+        opts.sinks,
+        interval_s=opts.interval_s,
+        timestamps=opts.timestamps,
+    )
