@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
@@ -21,11 +22,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 FLAG_PARAMS = {f.param: f.name for f in FLAGS}
 
 
-def flag_options(fn: F, *, taken: frozenset[str] = frozenset()) -> F:
+def flag_options(
+    fn: F, *, taken: frozenset[str] = frozenset(), skip: frozenset[str] = frozenset()
+) -> F:
     """Every upstream flag as an option; env vars are read by the config resolver.
-    Spellings in `taken` belong to the command itself and are left out."""
+    Spellings in `taken` belong to the command itself and are left out, and so are
+    the flags named in `skip` (they mean nothing to the command)."""
     for flag in reversed(FLAGS):
         names = [o for o in flag.options if o not in taken]
+        if flag.name in skip or not names:
+            continue
         extra: dict[str, Any] = {}
         if flag.is_bool:
             extra = {"is_flag": False, "flag_value": "true", "metavar": "BOOL"}
@@ -84,36 +90,84 @@ def main() -> None:
     """Share NVIDIA GPUs between Kubernetes pods (drop-in for NVIDIA's device plugin)."""
 
 
+def log_options(fn: F) -> F:
+    fn = click.option("--log-format", type=click.Choice(["text", "json"]), default="text")(fn)
+    return click.option(
+        "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
+    )(fn)
+
+
+def start_logs(opts: Any, log_level: str, log_format: str) -> None:
+    from gpuslice import logs
+
+    node = opts.get("node-name")
+    logs.setup(log_level, log_format, bound={"node": node} if node else None)
+
+
 @main.command()
 @hardware_options
 @flag_options
-@click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
-)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@log_options
 @click.pass_context
 def run(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
     """Run the node agent: serve every resource to the kubelet until SIGTERM."""
-    from gpuslice import logs
+    from gpuslice.wiring import run_node
 
     opts = run_options(ctx, params)
-    node = opts.get("node-name")
-    logs.setup(log_level, log_format, bound={"node": node} if node else None)
+    start_logs(opts, log_level, log_format)
     try:
-        asyncio.run(_serve(opts))
+        asyncio.run(_until_signalled(run_node, opts))
     except GpusliceError as exc:
         fail(exc)
 
 
-async def _serve(opts: Any) -> None:
-    from gpuslice.wiring import run_node
+# Flags of the plugin and of per-node configs that mean nothing to the labeller alone.
+_NOT_LABELS = frozenset(
+    {
+        "labels",
+        "kubelet-socket",
+        "status-address",
+        "node-label",
+        "config-file-srcdir",
+        "default-config",
+        "fallback-strategies",
+    }
+)
 
+
+@main.command()
+@hardware_options
+@functools.partial(flag_options, skip=_NOT_LABELS)
+@log_options
+@click.pass_context
+def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
+    """Label the node as GPU Feature Discovery does, without the device plugin.
+
+    Writes the NodeFeature object (needs --node-name and a cluster) or, with
+    --use-node-feature-api=false, the features file (an empty --output-file prints to
+    stdout). --oneshot labels once and exits; otherwise labels every --sleep-interval
+    until SIGTERM, then removes the features file. SIGHUP re-reads the config.
+    """
+    from gpuslice.labels_cmd import run_labels
+
+    opts = run_options(ctx, params)
+    start_logs(opts, log_level, log_format)
+    try:
+        asyncio.run(_until_signalled(run_labels, opts))
+    except GpusliceError as exc:
+        fail(exc)
+
+
+async def _until_signalled(
+    serve: Callable[[Any, asyncio.Event, asyncio.Event], Awaitable[None]], opts: Any
+) -> None:
+    """Run `serve` with a stop event SIGTERM and SIGINT set and a reload event for SIGHUP."""
     loop = asyncio.get_running_loop()
     stop, reload = asyncio.Event(), asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    await run_node(opts, stop, reload)
+    await serve(opts, stop, reload)
 
 
 def _inspect_flag_options(fn: F) -> F:

@@ -1,4 +1,5 @@
-"""`gpuslice demo`: the agent on a simulated node against the kubelet stand-in."""
+"""`gpuslice demo`: the agent on a simulated node against the kubelet stand-in, with its
+config chosen by a node label from a mounted ConfigMap and switched live."""
 
 from __future__ import annotations
 
@@ -7,21 +8,32 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gpuslice import logs
+from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.kubelet.standin import KubeletStandin
-from gpuslice.adapters.kubelet.standin.records import AdmittedContainer, InsufficientResourceError
+from gpuslice.adapters.kubelet.standin.records import (
+    AdmittedContainer,
+    InsufficientResourceError,
+    StandinError,
+)
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
+from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.agent import Agent
-from gpuslice.wiring import RunOptions, agent_deps
+from gpuslice.services.node import Node
+from gpuslice.wiring import RunOptions, node_deps
 
 GPU = "nvidia.com/gpu"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO_CONFIG = EXAMPLES / "dgx-a100-demo.yaml"
-FAULTY_GPU = 3
+FAULTY_GPU = 3  # or the last GPU of a smaller node
+NODE = "demo-node"
+NAMESPACE = "default"
+SHOWN_LABELS = ("gpu.product", "gpu.count", "gpu.replicas", "gpu.sharing-strategy")
 
 # pod -> container -> {resource: count}
 PODS: dict[str, dict[str, dict[str, int]]] = {
@@ -30,6 +42,27 @@ PODS: dict[str, dict[str, dict[str, int]]] = {
     "inference": {"model-a": {GPU: 1}, "model-b": {GPU: 1}},
     "trainer": {"main": {GPU: 2}},
 }
+
+
+def write_configmap_volume(path: str, data: Mapping[str, str]) -> None:
+    """Update `path` the way the kubelet updates a mounted ConfigMap: the entries go to a
+    new `..<unique>` directory, the `..data` link is swapped to it in one rename, each
+    entry is a link `name -> ..data/name`, and the old directory is removed."""
+    payload = tempfile.mkdtemp(prefix="..", dir=path)
+    for key, text in data.items():
+        Path(payload, key).write_text(text, encoding="utf-8")
+    data_link = os.path.join(path, "..data")
+    old = os.readlink(data_link) if os.path.islink(data_link) else None
+    os.symlink(os.path.basename(payload), data_link + "_tmp")
+    os.rename(data_link + "_tmp", data_link)
+    for key in data:
+        if not os.path.lexists(os.path.join(path, key)):
+            os.symlink(os.path.join("..data", key), os.path.join(path, key))
+    for name in os.listdir(path):
+        if not name.startswith("..") and name not in data:
+            os.unlink(os.path.join(path, name))
+    if old is not None:
+        shutil.rmtree(os.path.join(path, old), ignore_errors=True)
 
 
 async def run_demo(profile: str, *, verbose: bool, out: Callable[[str], None]) -> None:
@@ -45,18 +78,29 @@ async def run_demo(profile: str, *, verbose: bool, out: Callable[[str], None]) -
 
 async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> None:
     events = os.path.join(work, "events.jsonl")
+    configs = os.path.join(work, "configs")
+    os.mkdir(configs)
+    text = DEMO_CONFIG.read_text(encoding="utf-8")
+    write_configmap_volume(
+        configs, {"ts-4": text, "ts-8": text.replace("replicas: 4", "replicas: 8")}
+    )
+    api = MemoryNodeApi({NODE: {}})
     opts = RunOptions(
         cli_values={
-            "config-file": str(DEMO_CONFIG),
             "kubelet-socket": os.path.join(work, "kubelet.sock"),
+            "config-file-srcdir": configs,
+            "default-config": "ts-4",
+            "node-name": NODE,
+            "namespace": NAMESPACE,
         },
         fake_hardware=profile,
         fake_events=events,
     )
-    agent = Agent(agent_deps(opts))
+    node = Node(node_deps(opts, api))
+    agent = node.agent
     stop = asyncio.Event()
     async with KubeletStandin(work) as kubelet:
-        task = asyncio.create_task(agent.run(stop))
+        task = asyncio.create_task(node.run(stop))
         try:
             await _until(agent.ready, task)
             want = {h.resource.name: len(h.devices()) for h in agent.manager.handlers.values()}
@@ -65,7 +109,9 @@ async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> N
             snapshot = agent.snapshot
             gpus = {g.uuid: g for g in snapshot.gpus}
             out(f"== Simulated node '{profile}': {len(gpus)}x {snapshot.gpus[0].name}")
-            out(f"   config {DEMO_CONFIG.relative_to(EXAMPLES.parent)}")
+            source = DEMO_CONFIG.relative_to(EXAMPLES.parent)
+            out(f"   mounted ConfigMap: ts-4 ({source}), ts-8 (the same with 8 replicas)")
+            out(f"   in force: {_config_line(node)}")
             for line in _describe_config(agent):
                 out(f"   {line}")
             out("\n== Registered with the kubelet stand-in (device-plugin v1beta1)")
@@ -77,32 +123,102 @@ async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> N
                 )
             out("\n== kubectl describe node (extended resources)")
             out(_indent(_capacity(kubelet)))
+            before = await _labels(node, api)
+            out(f"\n== Node labels (NodeFeature {NAMESPACE}/nvidia-features-for-{NODE})")
+            out(_indent(_show_labels(before, {})))
             out("\n== Admitting pods")
             out(f"   {'POD/CONTAINER':<24} {'DEVICE ID':<46} {'GPU':<4} NVIDIA_VISIBLE_DEVICES")
             for pod, containers in PODS.items():
-                for admitted in await kubelet.admit(pod, containers):
-                    for line in _admitted(admitted, gpus):
-                        out(f"   {line}")
+                try:
+                    for admitted in await kubelet.admit(pod, containers):
+                        for line in _admitted(admitted, gpus):
+                            out(f"   {line}")
+                except StandinError as exc:  # a small --profile runs out of replicas
+                    out(f"   {pod}: not admitted ({exc})")
             try:
                 await kubelet.admit("too-big", {"main": {GPU: 64}})
             except InsufficientResourceError as exc:
                 out(f"   too-big asks for 64: stays Pending ({exc})")
-            out(f"\n== Fault: XID 79 (fallen off the bus) injected on GPU {FAULTY_GPU}")
-            _append_event(events, {"gpu": FAULTY_GPU, "xid": 79})
-            bad = snapshot.gpus[FAULTY_GPU].uuid
+            faulty = min(FAULTY_GPU, len(snapshot.gpus) - 1)
+            out(f"\n== Fault: XID 79 (fallen off the bus) injected on GPU {faulty}")
+            _append_event(events, {"gpu": faulty, "xid": 79})
+            bad = snapshot.gpus[faulty].uuid
             await kubelet.wait_for(lambda k: _unhealthy(k, bad) > 0, 5)
-            out(
-                f"   every replica of GPU {FAULTY_GPU} is now Unhealthy: {_unhealthy(kubelet, bad)}"
-            )
+            out(f"   every replica of GPU {faulty} is now Unhealthy: {_unhealthy(kubelet, bad)}")
             out(_indent(_capacity(kubelet)))
-            late = await kubelet.admit("after-fault", {"main": {GPU: 1}})
-            gpu = gpus[late[0].allocation.envs.get("NVIDIA_VISIBLE_DEVICES", "")]
-            out(f"   a new pod still gets a healthy GPU: after-fault -> GPU {gpu.index}")
+            try:
+                late = await kubelet.admit("after-fault", {"main": {GPU: 1}})
+                gpu = gpus[late[0].allocation.envs.get("NVIDIA_VISIBLE_DEVICES", "")]
+                out(f"   a new pod still gets a healthy GPU: after-fault -> GPU {gpu.index}")
+            except StandinError as exc:
+                out(f"   after-fault: not admitted ({exc})")
+            await _switch(node, api, kubelet, before, faulty, out)
         finally:
             stop.set()
             await task
         left = [n for n in os.listdir(work) if n.endswith(".sock") and n != "kubelet.sock"]
         out("\n== Agent stopped: plugin sockets left behind: " + (", ".join(left) or "none"))
+
+
+async def _switch(
+    node: Node,
+    api: MemoryNodeApi,
+    kubelet: KubeletStandin,
+    before: Mapping[str, str],
+    faulty: int,
+    out: Callable[[str], None],
+) -> None:
+    """Flip the node label to ts-8 and show what changed and what did not."""
+    manager = node.manager
+    assert manager is not None
+    count = len(kubelet.devices(GPU))
+    out(f"\n== Config switch: kubectl label node {NODE} {DEFAULT_LABEL}=ts-8")
+    seen = manager.checks
+    started = time.monotonic()
+    api.set_labels(NODE, {DEFAULT_LABEL: "ts-8"})
+    await kubelet.wait_for(lambda k: len(k.devices(GPU)) == 2 * count)
+    took_ms = (time.monotonic() - started) * 1000
+    while manager.status.config != "ts-8":
+        seen = await manager.wait_checked(seen)
+    out(f"   in force: {_config_line(node)}; new list at the kubelet in {took_ms:.0f} ms")
+    registered = sum(1 for r in kubelet.registrations if r.accepted and r.resource == GPU)
+    held = {
+        d for pod in kubelet.allocations().values() for c in pod.values() for d in c.get(GPU, ())
+    }
+    kept = held <= set(kubelet.devices(GPU))
+    out(
+        f"   {GPU} kept its registration (registered {registered}x); "
+        f"pods' devices {'all still advertised' if kept else 'NOT all advertised'}"
+    )
+    out(_indent(_capacity(kubelet)))
+    bad = node.agent.snapshot.gpus[faulty].uuid
+    out(f"   GPU {faulty} stays Unhealthy: {_unhealthy(kubelet, bad)} replicas")
+    out("   NodeFeature labels:")
+    out(_indent(_show_labels(await _labels(node, api), before), 6))
+
+
+async def _labels(node: Node, api: MemoryNodeApi) -> dict[str, str]:
+    """The NodeFeature object's labels once the labeller has published the current ones."""
+    if node.labeller is not None:
+        await node.labeller.relabel()  # no write when the background pass already did it
+    return api.node_feature_labels(NODE, NAMESPACE) or {}
+
+
+def _show_labels(labels: Mapping[str, str], before: Mapping[str, str]) -> str:
+    lines = []
+    for short in SHOWN_LABELS:
+        key = f"nvidia.com/{short}"
+        value = labels.get(key, "(absent)")
+        was = before.get(key)
+        change = f"   (was {was})" if before and was != value else ""
+        lines.append(f"{key}={value}{change}")
+    return "\n".join(lines)
+
+
+def _config_line(node: Node) -> str:
+    assert node.manager is not None
+    status = node.manager.status
+    return f"{status.config} ({status.detail})"
 
 
 async def _until(event: asyncio.Event, task: asyncio.Task[None]) -> None:
@@ -156,5 +272,5 @@ def _append_event(path: str, event: dict[str, int]) -> None:
         f.write(json.dumps(event) + "\n")
 
 
-def _indent(text: str) -> str:
-    return "\n".join(f"   {line}" for line in text.splitlines())
+def _indent(text: str, spaces: int = 3) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.core.labels import label_node
 from gpuslice.core.resources import build_resources
-from gpuslice.wiring import RunOptions, effective_config, open_backend, settings
+from gpuslice.wiring import (
+    RunOptions,
+    effective_config,
+    label_flags,
+    machine_type,
+    open_backend,
+    settings_from,
+)
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
-    """One JSON-able report; `resources` maps each advertised name to its device count."""
-    cfg = settings(opts)
+    """One JSON-able report; `resources` maps each advertised name to its device count,
+    `labels` each node label (GFD's, without the timestamp) to its value."""
+    loaded = effective_config(opts)
+    cfg = settings_from(loaded, opts)
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
     finally:
         backend.close()
     resources = build_resources(snapshot, cfg.resources)
+    machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
+    labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
     return {
         "resources": {r.name: len(r.devices) for r in resources},
         "details": [
@@ -41,8 +54,9 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             }
             for g in snapshot.gpus
         ],
-        "config": effective_config(opts).source or "(defaults)",
-        "warnings": list(cfg.warnings),
+        "labels": labelled.labels,
+        "config": loaded.source or "(defaults)",
+        "warnings": [*cfg.warnings, *labelled.warnings],
     }
 
 
@@ -52,9 +66,15 @@ def render_table(report: dict[str, Any]) -> str:
         (d["name"], str(d["devices"]), str(d["physical"]), d["sharing"], d["socket"])
         for d in report["details"]
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = _columns(rows)
     if not report["details"]:
         lines.append("(nothing advertised)")
+    if report["labels"]:
+        lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
     lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -16,10 +16,11 @@ from gpuslice.adapters.nfd_file import FeatureFile
 from gpuslice.adapters.status_http import StatusServer
 from gpuslice.config.checks import duration_seconds
 from gpuslice.config.convert import allocate_options, resource_settings
-from gpuslice.config.flags import resolve, setting, with_defaults
+from gpuslice.config.flags import FLAGS_BY_NAME, resolve, setting, with_defaults
 from gpuslice.config.loader import LoadedConfig, load_config_file
-from gpuslice.config.v1 import Config
+from gpuslice.config.v1 import Config, Flags
 from gpuslice.core.container_spec import CONTROL_DEVICES
+from gpuslice.core.errors import ConfigError
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.ports import GpuBackend, LabelSink, NodeApi
 from gpuslice.services.agent import AgentDeps, DirEvents, Settings
@@ -210,28 +211,55 @@ def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
 
 
 def label_options(opts: RunOptions, api: NodeApi | None) -> LabelOptions | None:
-    """Where labels go: the NodeFeature object through the API, or a features.d file."""
+    """The labeller beside the plugin, when `--labels` asks for one (auto: in a cluster).
+    Its flags.gfd settings come from the config file; per-node configs (a directory) are
+    chosen later, so there only flags, env vars and defaults count."""
     wanted = opts.get("labels")
     if wanted == "false" or (wanted == "auto" and api is None):
         return None
-    flags = with_defaults(resolve(Config(), opts.cli_values, opts.env)).flags
+    return label_output(opts, api, None if opts.config_dir else effective_config(opts).config)
+
+
+def label_output(
+    opts: RunOptions, api: NodeApi | None, config: Config | None = None
+) -> LabelOptions:
+    """Where labels go and how often, from the flags.gfd settings of `config` (the config
+    file, when there is one) with flags and env vars applied: the NodeFeature object
+    through the API, or a features.d file. Raises ConfigError when the NodeFeature API is
+    asked for and there is no cluster to publish to."""
+    flags = label_flags(opts, config)
     gfd = flags.gfd
-    node = opts.get("node-name")
     sink: LabelSink
-    if flags.use_node_feature_api and api is not None and node:
-        sink = NodeFeatureSink(api, node, opts.get("namespace"))
+    if flags.use_node_feature_api:
+        if api is None or not opts.get("node-name"):
+            raise ConfigError(
+                "useNodeFeatureAPI is true but there is no Kubernetes API to publish the "
+                "NodeFeature object to: set --node-name (NODE_NAME) and --kubeconfig (or run "
+                "in a cluster), or pass --use-node-feature-api=false to write a features file"
+            )
+        sink = NodeFeatureSink(api, opts.get("node-name"), opts.get("namespace"))
     else:
         sink = FeatureFile(gfd.output_file or "")
-    interval = duration_seconds(gfd.sleep_interval or "60s")
     return LabelOptions(
         sinks=[sink],
-        interval_s=interval,
+        interval_s=duration_seconds(gfd.sleep_interval or "60s"),
         timestamps=not gfd.no_timestamp,
-        machine=_read_machine(gfd.machine_type_file or ""),
+        machine=machine_type(opts, gfd.machine_type_file or ""),
+        oneshot=bool(gfd.oneshot),
     )
 
 
-def _read_machine(path: str) -> str | None:
+def label_flags(opts: RunOptions, config: Config | None = None) -> Flags:
+    """The `flags` of `config` with flags, env vars and defaults applied."""
+    return with_defaults(resolve(config or Config(), opts.cli_values, opts.env)).flags
+
+
+def machine_type(opts: RunOptions, path: str) -> str | None:
+    """The machine type from `path`; None (the snapshot's own) when unreadable, and on
+    simulated hardware unless a file other than the default is named (the host's DMI
+    name would otherwise replace the simulated node's)."""
+    if opts.fake_hardware and path == FLAGS_BY_NAME["machine-type-file"].default:
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             return f.read().strip() or None

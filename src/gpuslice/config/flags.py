@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import reduce
+from functools import cache, reduce
 from typing import Any
 
 import msgspec
@@ -229,10 +229,16 @@ def _attr_path(key: str) -> tuple[str, ...]:
     attrs: list[str] = []
     struct: Any = Config
     for part in key.split("."):
-        field = next(f for f in msgspec.structs.fields(struct) if f.encode_name == part)
+        field = _fields_by_file_name(struct)[part]
         attrs.append(field.name)
         struct = field.type
     return tuple(attrs)
+
+
+@cache
+def _fields_by_file_name(struct: Any) -> dict[str, msgspec.structs.FieldInfo]:
+    """Once per struct: msgspec evaluates every annotation on each fields() call."""
+    return {f.encode_name: f for f in msgspec.structs.fields(struct)}
 
 
 _ATTRS = {f.name: _attr_path(f.key) for f in FLAGS if f.key is not None}

@@ -18,7 +18,7 @@ from typing import TypeVar
 import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.errors import GpusliceError
+from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.health_state import RecoveryPolicy
 from gpuslice.core.ports import GpuBackend
@@ -27,7 +27,7 @@ from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.topology import Topology
 from gpuslice.services.health_monitor import HealthMonitor
-from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
+from gpuslice.services.plugin_manager import EndpointFactory, PluginManager, RestartBudget
 
 log = structlog.get_logger("gpuslice.agent")
 
@@ -59,13 +59,16 @@ class AgentDeps:
     plugin_dir: str
     watch: DirWatch | None = None  # None: no kubelet-restart detection (tests of parts)
     control_devices: tuple[str, ...] = ()
+    restart_budget: RestartBudget | None = None  # None: upstream's (5 restarts an hour)
 
 
 class Agent:
     def __init__(self, deps: AgentDeps) -> None:
         self._deps = deps
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
-        self.manager = PluginManager(deps.endpoint_factory, control_devices=deps.control_devices)
+        self.manager = PluginManager(
+            deps.endpoint_factory, control_devices=deps.control_devices, budget=deps.restart_budget
+        )
         self._backend: GpuBackend | None = None
         self._settings: Settings | None = None
         self._snapshot: HardwareSnapshot | None = None
@@ -93,7 +96,11 @@ class Agent:
         return tuple(h.resource for h in self.manager.handlers.values())
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
-        """Serve until `stop` is set; each set of `reload` re-reads the config."""
+        """Serve until `stop` is set; each set of `reload` re-reads the config.
+
+        Raises PluginServerFailed when a resource's server failed more often than
+        the restart budget allows (after stopping everything).
+        """
         settings = self._deps.load_settings()
         for warning in settings.warnings:
             log.warning("config_warning", detail=warning)
@@ -130,11 +137,13 @@ class Agent:
                 if reload is not None:
                     tasks.append(asyncio.create_task(self._reload_loop(reload)))
                 try:
-                    await stop.wait()
+                    await _first_of(stop, self.manager.failed)
                 finally:
                     for task in tasks:
                         task.cancel()
                     await asyncio.gather(*tasks, return_exceptions=True)
+                if self.manager.error is not None:
+                    raise self.manager.error
         finally:
             await self.manager.stop()
             backend = self._backend
@@ -146,6 +155,9 @@ class Agent:
         """Re-read the config and apply it; a bad one keeps the last good one."""
         try:
             await self.apply_settings(self._deps.load_settings())
+        except BackendError as exc:
+            log.error("hardware_unreadable_keeping_last_good", error=str(exc))
+            return False
         except GpusliceError as exc:
             log.error("config_rejected_keeping_last_good", error=str(exc))
             return False
@@ -192,3 +204,14 @@ class Agent:
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Return once any of `events` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)

@@ -30,6 +30,9 @@ class LabelOptions:
     interval_s: float | None = 60.0  # None: relabel only on changes
     timestamps: bool = True
     machine: str | None = None
+    # Label once and stop: `gpuslice labels` only; beside the plugin labels follow the
+    # config, so the Node keeps its labeller running.
+    oneshot: bool = False
 
 
 @dataclass

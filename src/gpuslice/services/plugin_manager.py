@@ -6,18 +6,27 @@ and registration, a changed one sends a new list, a vanished one is stopped
 (kubelet.sock created again) re-creates the socket and re-registers every
 resource not already registered with that kubelet, all at once; a deleted
 socket of ours is re-created.
+
+A server that cannot start, or that goes down on its own, is started again
+after a short backoff, within a budget: more than `max_restarts` failures of one
+resource, each within `window_s` of the previous, and the manager gives up
+(`failed` is set, `error` says why) so the agent exits and Kubernetes restarts
+the pod, as upstream does. An endpoint that is also a WatchedEndpoint reports a
+server that went down on its own; any other is supervised only through start().
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import structlog
 
+from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import PluginEndpoint
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
@@ -33,10 +42,54 @@ class ServedEndpoint(PluginEndpoint, Protocol):
         ...
 
 
+@runtime_checkable
+class WatchedEndpoint(Protocol):
+    """An endpoint that can tell when its server went down without being stopped."""
+
+    def down(self) -> str | None:
+        """Why the server stopped serving on its own since start(), or None."""
+        ...
+
+    async def wait_down(self) -> str:
+        """Return why, once the server stopped serving on its own (call after start)."""
+        ...
+
+
 EndpointFactory = Callable[[ResourceHandler], ServedEndpoint]
 
 RETRY_START_S = 0.5
 RETRY_MAX_S = 10.0
+
+
+class PluginServerFailed(GpusliceError):  # noqa: N818 - reads as what happened
+    """A resource's device-plugin server failed more often than the restart budget allows."""
+
+
+@dataclass(frozen=True)
+class RestartBudget:
+    """How often one resource's server may fail before the agent gives up."""
+
+    max_restarts: int = 5
+    window_s: float = 3600.0  # a failure this long after the previous one starts a new count
+    first_delay_s: float = 0.1  # backoff before the first restart, doubled after each
+    max_delay_s: float = 5.0
+
+    def describe(self) -> str:
+        return f"at most {self.max_restarts} restarts, each within {self.window_s:g}s of the last"
+
+
+@dataclass
+class _Failures:
+    count: int = 0
+    last: float | None = None
+
+    def record(self, now: float, budget: RestartBudget) -> int:
+        """Count one failure; returns the failures in the current run of them."""
+        if self.last is None or now - self.last > budget.window_s:
+            self.count = 0
+        self.count += 1
+        self.last = now
+        return self.count
 
 
 @dataclass
@@ -44,17 +97,34 @@ class _Served:
     handler: ResourceHandler
     endpoint: ServedEndpoint
     registered: bool = False
+    up: bool = False  # its server started and not seen down since
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    retry: asyncio.Task[None] | None = None
+    retry: asyncio.Task[None] | None = None  # registration retries
+    revive: asyncio.Task[None] | None = None  # a restart after a failure
+    down: asyncio.Future[str] | None = None  # done once the server went down on its own
+    watch: asyncio.Task[None] | None = None  # acts on `down`
+    failures: _Failures = field(default_factory=_Failures)
 
 
 class PluginManager:
-    def __init__(self, factory: EndpointFactory, *, control_devices: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        factory: EndpointFactory,
+        *,
+        control_devices: Iterable[str] = (),
+        budget: RestartBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._factory = factory
         self._control = tuple(control_devices)
+        self._budget = budget or RestartBudget()
+        self._clock = clock
         self._served: dict[str, _Served] = {}
         self._unhealthy: frozenset[str] = frozenset()
         self.registrations = 0  # successful Register calls, for metrics and tests
+        self.server_failures = 0  # servers that could not start or went down, for metrics
+        self.failed = asyncio.Event()  # set once a resource's restart budget is spent
+        self.error: PluginServerFailed | None = None
 
     @property
     def handlers(self) -> dict[str, ResourceHandler]:
@@ -118,8 +188,7 @@ class PluginManager:
     async def _start(self, name: str) -> None:
         served = self._served[name]
         async with served.lock:
-            await served.endpoint.start()
-            await self._register(name, served)
+            await self._bring_up(name, served)
 
     async def _restart(self, name: str, *, unless_current: bool = False) -> None:
         served = self._served.get(name)
@@ -129,10 +198,82 @@ class PluginManager:
             if unless_current and served.registered and served.endpoint.current():
                 log.info("registration_current", resource=name)
                 return
-            served.registered = False
-            await served.endpoint.stop()
+            await self._take_down(name, served)
+            await self._bring_up(name, served)
+
+    async def _bring_up(self, name: str, served: _Served) -> None:
+        """Start the server and register it (with the lock held)."""
+        try:
             await served.endpoint.start()
-            await self._register(name, served)
+        except Exception as exc:  # a server that cannot start is a failure of that server
+            self._failed(name, served, str(exc))
+            return
+        served.up = True
+        if isinstance(served.endpoint, WatchedEndpoint):
+            served.down = asyncio.ensure_future(served.endpoint.wait_down())
+            served.watch = asyncio.create_task(self._watch(name, served, served.down))
+        await self._register(name, served)
+
+    async def _take_down(self, name: str, served: _Served) -> None:
+        """Stop the server (with the lock held), counting it as a failure when it had
+        gone down on its own (whichever noticed first: its watch, a deleted socket)."""
+        was_up = served.up
+        served.registered = served.up = False
+        for task in (served.watch, served.down):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        served.watch = served.down = None
+        endpoint = served.endpoint
+        await self._stop_endpoint(name, endpoint)
+        reason = endpoint.down() if was_up and isinstance(endpoint, WatchedEndpoint) else None
+        if reason is not None:
+            self._failed(name, served, reason)
+
+    async def _stop_endpoint(self, name: str, endpoint: ServedEndpoint) -> None:
+        """Stop a server; a failure to stop must not end the restart that follows."""
+        try:
+            await endpoint.stop()
+        except Exception as exc:
+            log.error("plugin_stop_failed", resource=name, error=str(exc))
+
+    async def _watch(self, name: str, served: _Served, down: Awaitable[str]) -> None:
+        await down
+        async with served.lock:
+            if served.watch is asyncio.current_task():  # else taken down meanwhile
+                await self._take_down(name, served)
+
+    def _failed(self, name: str, served: _Served, reason: str) -> None:
+        """Count a failure of the resource's server; restart it later or give up."""
+        if self._served.get(name) is not served:
+            return  # no longer served: nothing to restart
+        budget = self._budget
+        self.server_failures += 1
+        count = served.failures.record(self._clock(), budget)
+        if count > budget.max_restarts:
+            self.error = PluginServerFailed(
+                f"the device-plugin server for {name} failed {count} times in a row "
+                f"({budget.describe()}); last failure: {reason}"
+            )
+            log.error("plugin_server_gave_up", resource=name, failures=count, error=reason)
+            self.failed.set()
+            return
+        delay = min(budget.first_delay_s * 2 ** (count - 1), budget.max_delay_s)
+        log.error(
+            "plugin_server_failed", resource=name, failures=count, error=reason, retry_in_s=delay
+        )
+        revive = served.revive
+        if revive is None or revive.done() or revive is asyncio.current_task():
+            served.revive = asyncio.create_task(self._revive(name, served, delay))
+
+    async def _revive(self, name: str, served: _Served, delay: float) -> None:
+        await asyncio.sleep(delay)
+        async with served.lock:
+            if served.up or self._served.get(name) is not served:
+                return  # started again meanwhile (a kubelet restart, a deleted socket)
+            await self._stop_endpoint(name, served.endpoint)  # whatever half of it started
+            await self._bring_up(name, served)
 
     async def _register(self, name: str, served: _Served) -> None:
         try:
@@ -154,17 +295,18 @@ class PluginManager:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
             async with served.lock:
-                if not served.registered:
+                if served.up and not served.registered:
                     await self._register(name, served)
 
     async def _drop(self, name: str) -> None:
         served = self._served.pop(name, None)
         if served is None:
             return
-        if served.retry is not None:
-            served.retry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await served.retry
+        for task in (served.retry, served.revive):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         async with served.lock:
-            await served.endpoint.stop()
+            await self._take_down(name, served)
         log.info("resource_stopped", resource=name)

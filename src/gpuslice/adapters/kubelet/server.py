@@ -1,7 +1,14 @@
-"""One device-plugin gRPC server: a unix socket in the device-plugin directory."""
+"""One device-plugin gRPC server: a unix socket in the device-plugin directory.
+
+Requests are capped at MAX_REQUEST_BYTES, the kubelet's own limit on what it
+receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
+reaches the servicer. A server that stops without stop() being called (the gRPC
+server ended under us) is reported through wait_down().
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 
@@ -16,6 +23,12 @@ from gpuslice.core.ports import PluginHandler
 from gpuslice.core.resources import socket_name as default_socket_name
 
 _log = structlog.get_logger()
+
+
+# gRPC's default receive limit, which the kubelet's device-plugin client keeps too: no
+# device list the kubelet can take in, hence no request built from one, is larger.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+SERVER_OPTIONS = (("grpc.max_receive_message_length", MAX_REQUEST_BYTES),)
 
 
 class ServerError(GpusliceError):
@@ -34,7 +47,10 @@ class DevicePluginServer:
         self.socket_path = os.path.join(plugin_dir, self.socket_name)
         self._server: grpc.aio.Server | None = None
         self._servicer: DevicePluginServicer | None = None
-        self._inode: int | None = None
+        self._bound: _Identity | None = None  # the socket file we created
+        self._watch: asyncio.Task[None] | None = None
+        self._down = asyncio.Event()
+        self._down_reason = ""
 
     @property
     def serving(self) -> bool:
@@ -44,9 +60,14 @@ class DevicePluginServer:
         """Remove a stale socket, bind ours and serve."""
         if self._server is not None:
             raise ServerError(f"device-plugin server for {self.resource_name} already started")
-        _unlink(self.socket_path)
+        self._down = asyncio.Event()
+        try:
+            _unlink(self.socket_path)
+        except OSError as exc:
+            reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
+            raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
         servicer = DevicePluginServicer(self.handler)
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
             server.add_insecure_port(unix_target(self.socket_path))
@@ -56,7 +77,8 @@ class DevicePluginServer:
             raise ServerError(reason) from None
         await server.start()
         self._server, self._servicer = server, servicer
-        self._inode = _inode(self.socket_path)
+        self._bound = _identity(self.socket_path)
+        self._watch = asyncio.create_task(self._watch_termination(server))
         _log.info("plugin_serving", resource=self.resource_name, socket=self.socket_path)
 
     async def register(self, kubelet_socket_path: str, timeout_s: float = 5.0) -> None:
@@ -69,28 +91,73 @@ class DevicePluginServer:
         )
 
     def socket_present(self) -> bool:
-        """True while our socket file (the inode we bound) is still in place."""
-        return self._inode is not None and _inode(self.socket_path) == self._inode
+        """True while we serve and the socket file we bound is still in place."""
+        if self._down.is_set():
+            return False
+        return self._bound is not None and _identity(self.socket_path) == self._bound
+
+    def down(self) -> str | None:
+        """Why the server stopped serving on its own since start(), or None."""
+        return self._down_reason if self._down.is_set() else None
+
+    async def wait_down(self) -> str:
+        """Return why, once the server has stopped serving on its own (call after start())."""
+        down = self._down
+        await down.wait()
+        return self._down_reason
+
+    def _mark_down(self) -> None:
+        self._down_reason = f"the gRPC server for {self.resource_name} stopped on its own"
+        _log.error("plugin_server_down", resource=self.resource_name, socket=self.socket_path)
+        self._down.set()
+
+    async def _watch_termination(self, server: grpc.aio.Server) -> None:
+        await server.wait_for_termination()
+        if self._server is server and not self._down.is_set():  # not ended by stop()
+            self._mark_down()
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """End ListAndWatch streams, stop serving and remove our socket file."""
         server, servicer = self._server, self._servicer
         if server is None or servicer is None:
             return
+        if not self._down.is_set() and _shutting_down(server):
+            self._mark_down()  # it was already ending: stop() only came after
         self._server = self._servicer = None
         servicer.stop_streams()
         await server.stop(grace)
-        if self._inode is not None and _inode(self.socket_path) == self._inode:
-            _unlink(self.socket_path)
-        self._inode = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await watch  # ends with the server, reporting nothing
+        if self._bound is not None and _identity(self.socket_path) == self._bound:
+            try:
+                _unlink(self.socket_path)
+            except OSError as exc:  # stopping must not fail: the next start says why
+                _log.warning("plugin_socket_not_removed", socket=self.socket_path, error=str(exc))
+        self._bound = None
         _log.info("plugin_stopped", resource=self.resource_name, socket=self.socket_path)
 
 
-def _inode(path: str) -> int | None:
+def _shutting_down(server: grpc.aio.Server) -> bool:
+    """True when gRPC has begun shutting `server` down. grpc.aio has no public way to
+    ask; its core server's is_running() answers (False, unknown, when it is absent).
+    A dying server unlinks its socket before it has fully terminated, so a deleted
+    socket can bring stop() here first."""
+    core = getattr(server, "_server", None)
+    is_running = getattr(core, "is_running", None)
+    return callable(is_running) and not is_running()
+
+
+_Identity = tuple[int, int, int]
+
+
+def _identity(path: str) -> _Identity | None:
+    """Which file is at `path`: an inode number alone may be reused by the next file."""
     try:
-        return os.lstat(path).st_ino
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _unlink(path: str) -> None:

@@ -18,6 +18,17 @@ _log = structlog.get_logger()
 _T = TypeVar("_T")
 _Ctx = grpc.aio.ServicerContext[Any, Any]
 _OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)
+# Status details travel in a trailer, which clients cap (gRPC: 8 KiB soft, 16 KiB hard);
+# a longer one, say an absurd device ID quoted back, would arrive as a transport error.
+MAX_DETAIL_CHARS = 512
+
+
+def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text`, cut in the middle to about `limit` characters when longer, saying so."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 2 // 3], text[-(limit // 4) :]
+    return f"{head}...[{len(text) - len(head) - len(tail)} characters cut]...{tail}"
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -124,9 +135,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             return work()
         except InvalidRequest as exc:
-            _log.warning("request_rejected", resource=self._resource, method=method, error=str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            message = clip(str(exc))
+            _log.warning("request_rejected", resource=self._resource, method=method, error=message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         except Exception as exc:
             _log.exception("request_failed", resource=self._resource, method=method)
             message = f"{method} for {self._resource} failed: {type(exc).__name__}: {exc}"
-            await context.abort(grpc.StatusCode.INTERNAL, message[:300])
+            await context.abort(grpc.StatusCode.INTERNAL, clip(message, 300))

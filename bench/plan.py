@@ -1,0 +1,46 @@
+"""How much each benchmark does: the full run and the quick one CI runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    trials: int  # repeated trials per latency figure
+    calls: int  # unary calls per trial, on each side (subject and baseline)
+    warmup: int  # untimed calls on each side before the first trial
+    xid_rigs: int  # fresh agents per XID trial (8 injections each, one per GPU)
+    restarts: int  # kubelet restarts per trial
+    starts: int  # process starts (and baseline interpreter starts)
+    allocates: int  # Allocates sent to the agent process between the RSS readings
+    lists: int  # ListAndWatch streams opened per trial
+    flips: int  # node label flips per trial
+
+
+FULL = Plan(
+    name="full",
+    trials=5,
+    calls=2000,
+    warmup=300,
+    xid_rigs=3,
+    restarts=20,
+    starts=5,
+    allocates=10_000,
+    lists=20,
+    flips=10,
+)
+
+QUICK = Plan(
+    name="quick",
+    trials=2,
+    calls=200,
+    warmup=50,
+    xid_rigs=1,
+    restarts=3,
+    starts=1,
+    allocates=1_000,
+    lists=3,
+    flips=2,
+)

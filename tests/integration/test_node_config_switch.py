@@ -1,0 +1,215 @@
+"""Per-node configs applied live against the kubelet stand-in: the node label and the
+mounted ConfigMap choose the config; only what changed is touched; a broken config keeps
+the last good one serving and says so (Event, readiness); a reload goes to the manager."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agent_harness import GPU, is_socket, registrations, serving, write_file
+from node_harness import (
+    CONFIGS,
+    NODE,
+    REJECTED,
+    SHARED,
+    WITHIN_S,
+    NodeLauncher,
+    RunningNode,
+    time_slicing,
+)
+
+from gpuslice.adapters.kube import objects
+from gpuslice.adapters.kubelet.standin import KubeletStandin
+
+BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
+
+
+@pytest.fixture
+async def nodes(plugin_dir: str, tmp_path: Path) -> AsyncIterator[NodeLauncher]:
+    async with NodeLauncher(plugin_dir, tmp_path) as launcher:
+        yield launcher
+
+
+async def _started(kubelet: KubeletStandin, nodes: NodeLauncher, **kw: object) -> RunningNode:
+    running = await nodes.start(**kw)  # type: ignore[arg-type]
+    await kubelet.wait_for(lambda k: serving(k, running.served))
+    return running
+
+
+async def test_without_a_label_the_default_config_is_served(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    running = await _started(kubelet, nodes)
+    assert running.served == {GPU: 16}
+    assert running.manager.status.as_dict() == {
+        "config": "ts-4",
+        "ok": True,
+        "detail": "label nvidia.com/device-plugin.config unset; default config",
+    }
+
+
+async def test_a_label_set_before_start_chooses_the_first_config(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    """The Node is read before anything is served: no detour through the default."""
+    running = await _started(kubelet, nodes, label="ts-8")
+    assert running.served == {GPU: 32}
+    assert registrations(kubelet) == {GPU: 1}
+    assert kubelet.updates(GPU) == 1
+
+
+async def test_flipping_the_label_sends_a_new_list_on_the_same_registration(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    running = await _started(kubelet, nodes)
+    updates = kubelet.updates(GPU)
+
+    started = time.monotonic()
+    running.set_label("ts-8")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 32}), WITHIN_S)
+    print(f"label flip -> new list at the stand-in: {(time.monotonic() - started) * 1000:.0f} ms")
+    assert registrations(kubelet) == {GPU: 1}
+    assert kubelet.updates(GPU) == updates + 1
+    assert kubelet.endpoint(GPU) == "nvidia-gpu.sock"
+    assert {d.split("::")[1] for d in kubelet.devices(GPU)} == {str(i) for i in range(8)}
+
+    running.set_label(None)  # back to the default
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 16}), WITHIN_S)
+    assert registrations(kubelet) == {GPU: 1}
+    assert kubelet.stale_streams == []
+
+
+async def test_pods_keep_their_replicas_across_a_switch(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    running = await _started(kubelet, nodes)
+    (admitted,) = await kubelet.admit("notebook", {"main": {GPU: 1}})
+    running.set_label("ts-8")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 32}), WITHIN_S)
+    assert admitted.device_ids[0] in kubelet.devices(GPU)
+    assert kubelet.node_status().free == {GPU: 31}
+
+
+async def test_a_label_naming_a_renamed_config_registers_the_new_resource_and_drops_the_old(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    running = await _started(kubelet, nodes)
+    running.set_label("shared-4")
+    await kubelet.wait_for(lambda k: serving(k, {SHARED: 16}) and k.endpoint(GPU) is None)
+    assert running.served == {SHARED: 16}
+    assert registrations(kubelet) == {GPU: 1, SHARED: 1}
+    plugin_dir = nodes.plugin_dir
+    assert is_socket(os.path.join(plugin_dir, "nvidia-gpu.shared.sock"))
+    assert not is_socket(os.path.join(plugin_dir, "nvidia-gpu.sock"))
+    assert kubelet.node_status().allocatable == {GPU: 0, SHARED: 16}
+
+
+async def test_editing_the_mounted_configmap_applies_the_new_contents(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    """The kubelet's `..data` swap of the config in force is picked up by itself."""
+    running = await _started(kubelet, nodes)
+    updates = kubelet.updates(GPU)
+
+    started = time.monotonic()
+    running.update_configmap({**CONFIGS, "ts-4": time_slicing(2)})
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 8}), WITHIN_S)
+    print(
+        f"ConfigMap edit -> new list at the stand-in: {(time.monotonic() - started) * 1000:.0f} ms"
+    )
+    assert registrations(kubelet) == {GPU: 1}
+    assert kubelet.updates(GPU) == updates + 1
+
+    running.update_configmap({**CONFIGS, "ts-4": time_slicing(4, rename=True)})
+    await kubelet.wait_for(lambda k: serving(k, {SHARED: 16}) and k.endpoint(GPU) is None)
+    assert registrations(kubelet) == {GPU: 1, SHARED: 1}
+
+
+async def test_an_edit_of_another_entry_or_a_same_named_label_touches_nothing(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    running = await _started(kubelet, nodes)
+    updates, writes = kubelet.updates(GPU), running.api.writes
+
+    seen = running.manager.checks
+    running.update_configmap({**CONFIGS, "ts-8": time_slicing(6)})
+    await running.checked(seen, lambda: True)
+    seen = running.manager.checks
+    running.set_label("ts-4")  # the entry already in force, now named by the label
+    await running.checked(seen, lambda: running.manager.status.detail.startswith("label "))
+
+    assert kubelet.updates(GPU) == updates
+    assert registrations(kubelet) == {GPU: 1}
+    assert running.api.writes == writes
+    assert running.served == {GPU: 16}
+
+
+@pytest.mark.parametrize("how", ["label-names-a-missing-entry", "entry-edited-to-invalid"])
+async def test_a_broken_config_keeps_the_old_one_serving_and_says_so(
+    kubelet: KubeletStandin, nodes: NodeLauncher, how: str
+) -> None:
+    running = await _started(kubelet, nodes)
+    updates = kubelet.updates(GPU)
+    seen = running.manager.checks
+    if how == "label-names-a-missing-entry":
+        running.set_label("h100-mps")
+        problem = 'specified config "h100-mps" does not exist'
+    else:
+        running.update_configmap({**CONFIGS, "ts-4": BROKEN})
+        problem = 'flags.migStrategy: got "bogus"'
+    await running.checked(seen, lambda: not running.manager.status.ok)
+
+    assert running.served == {GPU: 16}
+    assert serving(kubelet, {GPU: 16})
+    assert kubelet.updates(GPU) == updates
+    (event,) = running.api.events
+    assert (event.node, event.reason, event.type) == (NODE, REJECTED, objects.EVENT_WARNING)
+    assert event.message.startswith("config rejected, keeping ts-4: ")
+    assert problem in event.message
+    ready, details = running.node.readiness()
+    assert ready  # still serving everything
+    assert details["config"] == {"config": "ts-4", "ok": False, "detail": event.message}
+    assert details["resources"] == {GPU: True}
+
+    seen = running.manager.checks
+    running.update_configmap({**CONFIGS, "h100-mps": time_slicing(8)})  # the fix
+    await running.checked(seen, lambda: running.manager.status.ok)
+    await kubelet.wait_for(lambda k: serving(k, running.served), WITHIN_S)
+    assert running.node.readiness()[1]["config"]["ok"] is True
+    assert len(running.api.events) == 1  # recorded once, not on every re-read
+    assert registrations(kubelet) == {GPU: 1}
+
+
+async def test_a_config_the_hardware_cannot_serve_is_rejected_live(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    """migStrategy single on MIG-enabled and disabled GPUs together: refused on apply."""
+    configs = {"none": "version: v1\n", "single": "version: v1\nflags:\n  migStrategy: single\n"}
+    running = await _started(
+        kubelet, nodes, hardware="a100-40gb-mig-mixed", configs=configs, default="none"
+    )
+    before = running.served
+    seen = running.manager.checks
+    running.set_label("single")
+    await running.checked(seen, lambda: not running.manager.status.ok)
+    assert running.served == before
+    assert "use migStrategy mixed" in running.api.events[0].message
+
+
+async def test_a_reload_goes_to_the_manager_and_reads_what_no_watch_saw(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    """SIGHUP's event re-reads the label and the directory: an entry edited in place
+    (inside `..data`, which neither inotify nor polling of the directory can see) applies."""
+    running = await _started(kubelet, nodes)
+    write_file(os.path.join(running.configs, "..data", "ts-4"), time_slicing(3))
+    seen = running.manager.checks
+    running.reload.set()
+    await running.checked(seen, lambda: True)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 12}), WITHIN_S)
+    assert registrations(kubelet) == {GPU: 1}
+    assert running.manager.status.config == "ts-4"

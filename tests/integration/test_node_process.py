@@ -1,0 +1,116 @@
+"""`gpuslice run` as a real process in node mode: a mounted ConfigMap directory and no
+cluster (the label reads as unset, so the default config applies), probed over HTTP on
+the port it picked, following an edit of the ConfigMap and a broken entry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_harness import GPU, registrations, serving
+from node_harness import CONFIGS, time_slicing
+from process_harness import AgentProcess, run_once
+
+from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.demo import write_configmap_volume
+
+ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            await proc.kill()
+
+
+async def _http_get(port: int, path: str) -> tuple[int, Any]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports_readiness(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess], tmp_path: Path
+) -> None:
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    write_configmap_volume(str(configs), CONFIGS)
+    proc = await AgentProcess.start(
+        [
+            "--fake-hardware", "t4x4",
+            "--kubelet-socket", os.path.join(plugin_dir, "kubelet.sock"),
+            "--config-file-srcdir", str(configs),
+            "--default-config", "ts-4",
+            "--status-address", "127.0.0.1:0",
+        ]
+    )  # fmt: skip
+    processes.append(proc)
+    match = ADDRESS.search(await proc.wait_for_line("status_serving"))
+    assert match, proc.log
+    port = int(match.group(2))
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 16}), 10)
+
+    status, body = await _http_get(port, "/readyz")
+    assert status == 200, body
+    assert body["ready"] is True
+    assert body["resources"] == {GPU: True}
+    assert body["config"] == {
+        "config": "ts-4",
+        "ok": True,
+        "detail": "label nvidia.com/device-plugin.config unset; default config",
+    }
+    assert await _http_get(port, "/healthz") == (200, {"ok": True})
+
+    write_configmap_volume(str(configs), {**CONFIGS, "ts-4": time_slicing(2)})
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 8}), 10)
+    assert registrations(kubelet) == {GPU: 1}
+
+    write_configmap_volume(str(configs), {**CONFIGS, "ts-4": "version: v2\n"})
+    await proc.wait_for_line("config_rejected_keeping_last_good")
+    status, body = await _http_get(port, "/readyz")
+    assert status == 200  # still serving the last good config
+    assert body["config"]["ok"] is False
+    assert body["config"]["config"] == "ts-4"
+    assert "config rejected, keeping ts-4" in body["config"]["detail"]
+    assert serving(kubelet, {GPU: 8})
+
+    proc.signal(signal.SIGTERM)
+    rc, _ = await proc.wait()
+    assert rc == 0, proc.log
+    assert "Traceback" not in proc.log
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
+
+
+def test_demo_switches_the_config_by_node_label_and_keeps_the_registration() -> None:
+    result = run_once("demo")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "in force: ts-4 (label nvidia.com/device-plugin.config unset; default config)" in out
+    assert "kubectl label node demo-node nvidia.com/device-plugin.config=ts-8" in out
+    assert "in force: ts-8 (label nvidia.com/device-plugin.config=ts-8)" in out
+    assert "nvidia.com/gpu kept its registration (registered 1x)" in out
+    assert "pods' devices all still advertised" in out
+    assert "nvidia.com/gpu:  64" in out
+    assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB-SHARED" in out
+    assert "nvidia.com/gpu.replicas=8   (was 4)" in out
+    assert "GPU 3 stays Unhealthy: 8 replicas" in out
+    assert "plugin sockets left behind: none" in out
