@@ -121,8 +121,12 @@ class _Endpoint:
             raise RegistrationError(
                 self._server.resource_name, self._kubelet_socket, "UNAVAILABLE", "no kubelet yet"
             )
-        await self._server.register(self._kubelet_socket)
-        self._kubelet = kubelet
+        self._kubelet = kubelet  # where this call goes, answered or not
+        try:
+            await self._server.register(self._kubelet_socket)
+        except BaseException:
+            self._kubelet = None
+            raise
 
     def current(self) -> bool:
         if not self._server.socket_present():

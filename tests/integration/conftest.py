@@ -3,6 +3,7 @@ agent launcher that stops every agent it started."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -15,9 +16,10 @@ from gpuslice.adapters.kubelet.standin import KubeletStandin
 
 @pytest.fixture(autouse=True)
 def quiet_logs() -> Iterator[None]:
-    """Only errors reach the test output; the logging config is restored after."""
+    """Only errors reach the test output (GPUSLICE_TEST_LOG=info for more); the
+    logging config is restored after."""
     saved = structlog.get_config()
-    logs.setup("error")
+    logs.setup(os.environ.get("GPUSLICE_TEST_LOG", "error"))
     try:
         yield
     finally:

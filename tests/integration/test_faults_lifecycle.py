@@ -13,9 +13,10 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from agent_harness import EXAMPLES, RunningAgent, is_socket, registrations, serving
+from agent_harness import EXAMPLES, GPU, RunningAgent, is_socket, registrations, serving
 from faults_harness import Census, FaultLauncher, no_leaks, summary_ms
 
+from gpuslice.adapters.kubelet.api import pb
 from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import socket_name
 
@@ -150,3 +151,47 @@ async def test_a_socket_deleted_while_the_kubelet_is_away_is_served_at_once_and_
 
     await kubelet.start()
     await _settled(kubelet, running)
+
+
+class _BusyKubelet(KubeletStandin):
+    """A kubelet that holds Register calls until `gate` opens, as one busy with
+    other work does. It then dials the endpoint, as the kubelet does."""
+
+    def __init__(self, plugin_dir: str) -> None:
+        super().__init__(plugin_dir)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.held = 0
+
+    async def _register(self, req: pb.RegisterRequest) -> str | None:
+        self.held += 1
+        await self._notify()
+        await self.gate.wait()
+        return await super()._register(req)
+
+
+async def test_a_socket_deleted_while_its_register_call_is_in_flight_is_registered_anew_at_once(
+    plugin_dir: str, faults: FaultLauncher
+) -> None:
+    """The kubelet dials our socket while it handles Register; deleted meanwhile,
+    that dial can only time out. The agent must not wait for that: it abandons the
+    call, binds a new socket and registers again."""
+    async with _BusyKubelet(plugin_dir) as kubelet:
+        running = await faults.start("t4x4", config=EXAMPLES / "time-slicing.yaml")
+        await running.registered(kubelet)
+        path = running.socket(socket_name(GPU))
+        kubelet.gate.clear()
+        held = kubelet.held
+        os.unlink(path)  # the agent re-creates it and calls Register, held by the kubelet
+        await kubelet.wait_for(lambda k: k.held > held)
+        started = time.monotonic()
+        os.unlink(path)  # deleted again while that call is in flight
+        await kubelet.wait_for(lambda k: k.held > held + 1)
+        kubelet.gate.set()
+        await kubelet.wait_for(lambda k: serving(k, running.served))
+        elapsed = time.monotonic() - started
+        print(f"socket deleted during Register -> registered anew in {elapsed * 1000:.0f} ms")
+        assert elapsed < 1.0  # a dial of the deleted socket would have taken 5 s
+        assert is_socket(path)
+        assert running.agent.manager.registered() == {GPU: True}
+        await running.shutdown()

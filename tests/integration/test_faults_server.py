@@ -7,11 +7,12 @@ exits non-zero with one line and Kubernetes restarts the pod."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 
 import pytest
 from agent_harness import EXAMPLES, GPU, RunningAgent, is_socket, registrations, serving
@@ -30,7 +31,7 @@ from gpuslice.adapters.kubelet.server import ServerError
 from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
-from gpuslice.services.agent import AgentDeps
+from gpuslice.services.agent import AgentDeps, AgentTaskFailed
 from gpuslice.services.plugin_manager import (
     PluginManager,
     PluginServerFailed,
@@ -264,7 +265,7 @@ async def test_failed_starts_count_and_back_off_doubling() -> None:
     await endpoint.started(4)  # three failures, then it starts
     elapsed = time.monotonic() - started
     assert 0.02 + 0.04 + 0.08 <= elapsed < 1.0
-    assert manager.registered() == {"example.com/widget": True}
+    await eventually(lambda: manager.registered() == {"example.com/widget": True}, "registered")
     assert not manager.failed.is_set()
     await manager.stop()
 
@@ -303,3 +304,51 @@ async def test_a_directory_put_at_the_socket_path_is_neither_served_nor_removed(
     with pytest.raises(ServerError, match="Is a directory"):
         await server.start()
     os.rmdir(server.socket_path)
+
+
+class _BreakingWatch:
+    """A directory watch that fails on demand, as a bug in it would."""
+
+    def __init__(self) -> None:
+        self.broken = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def __call__(
+        self, path: str, names: Collection[str] | None
+    ) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+        yield self._events()
+
+    async def _events(self) -> AsyncIterator[tuple[str, str]]:
+        await self.broken.wait()
+        raise RuntimeError("watch broke")
+        yield ("never", "created")  # an async generator that yields nothing
+
+
+async def test_a_background_task_that_fails_stops_the_agent_with_one_line(
+    kubelet: KubeletStandin, faults: FaultLauncher
+) -> None:
+    """The kubelet watch dying would leave the agent deaf to kubelet restarts:
+    rather than serve on unseen, run() stops everything and raises, so `gpuslice
+    run` exits non-zero and Kubernetes restarts the pod."""
+    watch = _BreakingWatch()
+    running = await faults.start_with(
+        lambda deps: dataclasses.replace(deps, watch=watch),
+        "t4x4",
+        config=EXAMPLES / "time-slicing.yaml",
+    )
+    await running.registered(kubelet)
+    assert not running.task.done()
+
+    watch.broken.set()
+    with pytest.raises(AgentTaskFailed) as failed:
+        await asyncio.wait_for(asyncio.shield(running.task), 5)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert (
+        message
+        == "internal task Agent._watch_kubelet ended unexpectedly: RuntimeError('watch broke')"
+    )
+    with pytest.raises(AgentTaskFailed):
+        await running.shutdown()
+    assert not is_socket(running.socket("nvidia-gpu.sock"))
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)

@@ -137,11 +137,14 @@ class Agent:
                 if reload is not None:
                     tasks.append(asyncio.create_task(self._reload_loop(reload)))
                 try:
-                    await _first_of(stop, self.manager.failed)
+                    await _first_of(tasks, stop, self.manager.failed)
+                    crashed = _crashed(tasks)
                 finally:
                     for task in tasks:
                         task.cancel()
                     await asyncio.gather(*tasks, return_exceptions=True)
+                if crashed is not None:
+                    raise crashed
                 if self.manager.error is not None:
                     raise self.manager.error
         finally:
@@ -206,12 +209,30 @@ class Agent:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
 
-async def _first_of(*events: asyncio.Event) -> None:
-    """Return once any of `events` is set."""
+async def _first_of(tasks: list[asyncio.Task[None]], *events: asyncio.Event) -> None:
+    """Return once any of `events` is set or any of `tasks` has ended."""
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([*waits, *tasks], return_when=asyncio.FIRST_COMPLETED)
     finally:
         for wait in waits:
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _crashed(tasks: list[asyncio.Task[None]]) -> AgentTaskFailed | None:
+    """A background task that ended on its own: the agent can no longer follow the
+    kubelet or the config, so it stops and exits non-zero rather than serve stale."""
+    for task in tasks:
+        if not task.done() or task.cancelled():
+            continue
+        exc = task.exception()
+        name = task.get_coro().__qualname__  # type: ignore[union-attr]
+        why = "returned" if exc is None else repr(exc)
+        log.error("agent_task_failed", task=name, error=why, exc_info=exc)
+        return AgentTaskFailed(f"internal task {name} ended unexpectedly: {why}")
+    return None
+
+
+class AgentTaskFailed(GpusliceError):  # noqa: N818 - reads as what happened
+    """A background task of the agent ended with an error (a bug): exit so the pod restarts."""

@@ -5,7 +5,9 @@ and registration, a changed one sends a new list, a vanished one is stopped
 (its socket removed), a new one is started and registered. A kubelet restart
 (kubelet.sock created again) re-creates the socket and re-registers every
 resource not already registered with that kubelet, all at once; a deleted
-socket of ours is re-created.
+socket of ours is re-created. Either cancels a Register call still in flight:
+the kubelet answering it is gone, or is dialling a socket that no longer exists
+and would hold the call until it times out.
 
 A server that cannot start, or that goes down on its own, is started again
 after a short backoff, within a budget: more than `max_restarts` failures of one
@@ -38,7 +40,8 @@ log = structlog.get_logger("gpuslice.plugins")
 
 class ServedEndpoint(PluginEndpoint, Protocol):
     def current(self) -> bool:
-        """True while our socket is in place and registered with the kubelet serving now."""
+        """True while our socket is in place and our last Register call, answered or
+        still in flight, went to the kubelet serving now."""
         ...
 
 
@@ -100,10 +103,16 @@ class _Served:
     up: bool = False  # its server started and not seen down since
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     retry: asyncio.Task[None] | None = None  # registration retries
+    registering: asyncio.Task[None] | None = None  # a Register call in flight
     revive: asyncio.Task[None] | None = None  # a restart after a failure
     down: asyncio.Future[str] | None = None  # done once the server went down on its own
     watch: asyncio.Task[None] | None = None  # acts on `down`
     failures: _Failures = field(default_factory=_Failures)
+
+
+def _current(served: _Served) -> bool:
+    """Registered, or registering, with the kubelet serving now, on our socket."""
+    return (served.registered or served.registering is not None) and served.endpoint.current()
 
 
 class PluginManager:
@@ -186,23 +195,33 @@ class PluginManager:
         await asyncio.gather(*(self._drop(name) for name in list(self._served)))
 
     async def _start(self, name: str) -> None:
+        """Serve a new resource and wait for its first Register call to end."""
         served = self._served[name]
         async with served.lock:
             await self._bring_up(name, served)
+            registering = served.registering
+        if registering is not None:
+            await asyncio.wait([registering])  # cancelled only by a restart that re-registers
 
     async def _restart(self, name: str, *, unless_current: bool = False) -> None:
         served = self._served.get(name)
         if served is None:
             return
+        if unless_current and _current(served):
+            log.info("registration_current", resource=name)
+            return
+        if served.registering is not None:
+            served.registering.cancel()
         async with served.lock:
-            if unless_current and served.registered and served.endpoint.current():
+            if unless_current and _current(served):
                 log.info("registration_current", resource=name)
                 return
             await self._take_down(name, served)
             await self._bring_up(name, served)
 
     async def _bring_up(self, name: str, served: _Served) -> None:
-        """Start the server and register it (with the lock held)."""
+        """Start the server (with the lock held) and begin registering it. The
+        Register call runs outside the lock: a restart cancels it, never waits on it."""
         try:
             await served.endpoint.start()
         except Exception as exc:  # a server that cannot start is a failure of that server
@@ -212,19 +231,19 @@ class PluginManager:
         if isinstance(served.endpoint, WatchedEndpoint):
             served.down = asyncio.ensure_future(served.endpoint.wait_down())
             served.watch = asyncio.create_task(self._watch(name, served, served.down))
-        await self._register(name, served)
+        served.registering = asyncio.create_task(self._register(name, served))
 
     async def _take_down(self, name: str, served: _Served) -> None:
         """Stop the server (with the lock held), counting it as a failure when it had
         gone down on its own (whichever noticed first: its watch, a deleted socket)."""
         was_up = served.up
         served.registered = served.up = False
-        for task in (served.watch, served.down):
+        for task in (served.registering, served.watch, served.down):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        served.watch = served.down = None
+        served.registering = served.watch = served.down = None
         endpoint = served.endpoint
         await self._stop_endpoint(name, endpoint)
         reason = endpoint.down() if was_up and isinstance(endpoint, WatchedEndpoint) else None
@@ -276,13 +295,20 @@ class PluginManager:
             await self._bring_up(name, served)
 
     async def _register(self, name: str, served: _Served) -> None:
+        """One Register call, run as `served.registering`; cancelled when superseded."""
         try:
             await served.endpoint.register()
+        except asyncio.CancelledError:  # a kubelet restart or a deleted socket registers anew
+            log.info("register_superseded", resource=name)
+            raise
         except Exception as exc:  # the kubelet is absent or refusing: retry with backoff
             log.warning("register_failed", resource=name, error=str(exc))
             if served.retry is None or served.retry.done():
                 served.retry = asyncio.create_task(self._retry(name, served))
             return
+        finally:
+            if served.registering is asyncio.current_task():
+                served.registering = None
         served.registered = True
         self.registrations += 1
         if served.retry is not None and served.retry is not asyncio.current_task():
@@ -295,8 +321,11 @@ class PluginManager:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
             async with served.lock:
-                if served.up and not served.registered:
-                    await self._register(name, served)
+                if not served.up or served.registered or served.registering is not None:
+                    continue
+                registering = asyncio.create_task(self._register(name, served))
+                served.registering = registering
+            await asyncio.wait([registering])
 
     async def _drop(self, name: str) -> None:
         served = self._served.pop(name, None)
