@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import structlog
 from agent_harness import AgentLauncher, remove_dir, short_dir
+from faults_harness import FaultLauncher
+from process_harness import AgentProcess
 
 from gpuslice import logs
 from gpuslice.adapters.kubelet.standin import KubeletStandin
@@ -49,3 +51,24 @@ async def launcher(plugin_dir: str) -> AsyncIterator[AgentLauncher]:
         yield agents
     finally:
         await agents.close()
+
+
+@pytest.fixture
+async def faults(plugin_dir: str) -> AsyncIterator[FaultLauncher]:
+    """Like `launcher`, for agents whose dependencies a test changes first."""
+    launcher = FaultLauncher(plugin_dir)
+    try:
+        yield launcher
+    finally:
+        await launcher.close()
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[AgentProcess]]:
+    """`gpuslice run` processes a test started; each is killed at the end."""
+    started: list[AgentProcess] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            await proc.kill()

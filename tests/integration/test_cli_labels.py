@@ -11,7 +11,6 @@ import os
 import signal
 import stat
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -36,16 +35,6 @@ def _golden(case: str) -> dict[str, str]:
 def _without_timestamp(labels: dict[str, str] | None) -> dict[str, str]:
     assert labels is not None
     return {k: v for k, v in labels.items() if k != TIMESTAMP_LABEL}
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            await proc.kill()
 
 
 async def _labels_process(processes: list[AgentProcess], *args: str) -> AgentProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -43,16 +42,6 @@ without_nvml = pytest.mark.skipif(_nvml_loads(), reason="NVML loads on this mach
 
 def _plugin_sockets(plugin_dir: str) -> list[str]:
     return sorted(n for n in os.listdir(plugin_dir) if n.endswith(".sock") and n != "kubelet.sock")
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            await proc.kill()
 
 
 async def _run(

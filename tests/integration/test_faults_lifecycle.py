@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from agent_harness import EXAMPLES, GPU, RunningAgent, is_socket, registrations, serving
@@ -21,15 +20,6 @@ from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import socket_name
 
 SETTLE_WINDOW_S = 0.5  # a settled agent registers nothing more in this window
-
-
-@pytest.fixture
-async def faults(plugin_dir: str) -> AsyncIterator[FaultLauncher]:
-    launcher = FaultLauncher(plugin_dir)
-    try:
-        yield launcher
-    finally:
-        await launcher.close()
 
 
 async def _mig_mixed(kubelet: KubeletStandin, launcher: FaultLauncher) -> RunningAgent:

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -33,15 +33,6 @@ from gpuslice.services.agent import AgentDeps
 
 Logged = list[MutableMapping[str, Any]]
 FAST_RECOVERY = {"GPUSLICE_HEALTH_HOLDDOWN": "50ms", "GPUSLICE_HEALTH_MAX_FLAPS": "100"}
-
-
-@pytest.fixture
-async def faults(plugin_dir: str) -> AsyncIterator[FaultLauncher]:
-    launcher = FaultLauncher(plugin_dir)
-    try:
-        yield launcher
-    finally:
-        await launcher.close()
 
 
 @pytest.fixture

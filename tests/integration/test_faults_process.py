@@ -8,9 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
 
-import pytest
 from agent_harness import EXAMPLES, is_socket, registrations, serving
 from process_harness import AgentProcess
 
@@ -31,16 +29,6 @@ FOUR = {
     "nvidia.com/mig-2g.10gb": 2,
     "nvidia.com/mig-3g.20gb": 3,
 }
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            await proc.kill()
 
 
 async def _run(processes: list[AgentProcess], plugin_dir: str, *args: str) -> AgentProcess:

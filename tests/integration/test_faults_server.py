@@ -43,15 +43,6 @@ from gpuslice.services.resource_handler import ResourceHandler
 QUICK = RestartBudget(first_delay_s=0.01, max_delay_s=0.05)  # upstream's count, short backoff
 
 
-@pytest.fixture
-async def faults(plugin_dir: str) -> AsyncIterator[FaultLauncher]:
-    launcher = FaultLauncher(plugin_dir)
-    try:
-        yield launcher
-    finally:
-        await launcher.close()
-
-
 def _quick(change: Callable[[AgentDeps], AgentDeps] | None = None) -> Callable[..., AgentDeps]:
     def apply(deps: AgentDeps) -> AgentDeps:
         deps = change(deps) if change else deps

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.demo import write_configmap_volume
 
 ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            await proc.kill()
 
 
 async def _http_get(port: int, path: str) -> tuple[int, Any]:
