@@ -14,13 +14,13 @@ import shutil
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.devices import physical_id
-from gpuslice.services.agent import Agent
+from gpuslice.services.agent import Agent, AgentDeps
 from gpuslice.wiring import RunOptions, agent_deps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,9 +163,12 @@ class AgentLauncher:
         flags: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         wait_ready: bool = True,
+        change: Callable[[AgentDeps], AgentDeps] | None = None,
     ) -> RunningAgent:
+        """Run an agent wired as `gpuslice run` wires it (`change` may swap parts)."""
         opts = self.options(hardware, config=config, config_name=config_name, flags=flags, env=env)
-        agent = Agent(agent_deps(opts))
+        deps = agent_deps(opts)
+        agent = Agent(change(deps) if change else deps)
         stop, reload = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(agent.run(stop, reload))
         assert opts.fake_events is not None

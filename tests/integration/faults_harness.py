@@ -23,10 +23,9 @@ from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
-from gpuslice.services.agent import Agent, AgentDeps
+from gpuslice.services.agent import AgentDeps
 from gpuslice.services.plugin_manager import ServedEndpoint
 from gpuslice.services.resource_handler import ResourceHandler
-from gpuslice.wiring import agent_deps
 
 SETTLE_TIMEOUT_S = 5.0
 
@@ -104,16 +103,15 @@ class FaultLauncher(AgentLauncher):
         env: Mapping[str, str] | None = None,
         wait_ready: bool = True,
     ) -> RunningAgent:
-        opts = self.options(hardware, config=config, config_name=config_name, flags=flags, env=env)
-        agent = Agent(change(agent_deps(opts)))
-        stop, reload = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(agent.run(stop, reload))
-        assert opts.fake_events is not None
-        running = RunningAgent(agent, opts, self.plugin_dir, opts.fake_events, stop, reload, task)
-        self._running.append(running)
-        if wait_ready:
-            await running.until_ready()
-        return running
+        return await self.start(
+            hardware,
+            config=config,
+            config_name=config_name,
+            flags=flags,
+            env=env,
+            wait_ready=wait_ready,
+            change=change,
+        )
 
 
 class FlakyBackend(FakeBackend):
