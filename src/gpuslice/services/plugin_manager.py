@@ -216,8 +216,9 @@ class PluginManager:
             if unless_current and _current(served):
                 log.info("registration_current", resource=name)
                 return
-            await self._take_down(name, served)
-            await self._bring_up(name, served)
+            if not await self._take_down(name, served):
+                await self._bring_up(name, served)
+            # else its server had died: the restart waits for its backoff (_revive)
 
     async def _bring_up(self, name: str, served: _Served) -> None:
         """Start the server (with the lock held) and begin registering it. The
@@ -233,9 +234,10 @@ class PluginManager:
             served.watch = asyncio.create_task(self._watch(name, served, served.down))
         served.registering = asyncio.create_task(self._register(name, served))
 
-    async def _take_down(self, name: str, served: _Served) -> None:
+    async def _take_down(self, name: str, served: _Served) -> bool:
         """Stop the server (with the lock held), counting it as a failure when it had
-        gone down on its own (whichever noticed first: its watch, a deleted socket)."""
+        gone down on its own (whichever noticed first: its watch, a deleted socket).
+        Returns True when it was such a failure."""
         was_up = served.up
         served.registered = served.up = False
         for task in (served.registering, served.watch, served.down):
@@ -247,8 +249,10 @@ class PluginManager:
         endpoint = served.endpoint
         await self._stop_endpoint(name, endpoint)
         reason = endpoint.down() if was_up and isinstance(endpoint, WatchedEndpoint) else None
-        if reason is not None:
-            self._failed(name, served, reason)
+        if reason is None:
+            return False
+        self._failed(name, served, reason)
+        return True
 
     async def _stop_endpoint(self, name: str, endpoint: ServedEndpoint) -> None:
         """Stop a server; a failure to stop must not end the restart that follows."""
