@@ -133,3 +133,34 @@ async def test_xid_on_a_mig_gpu_marks_every_mig_device_of_it_in_every_resource(
         "nvidia.com/mig-2g.10gb": 2,
         "nvidia.com/mig-3g.20gb": 3,
     }
+
+
+@pytest.mark.parametrize("config", [None, "dgx-a100-demo.yaml"], ids=["whole", "replicas"])
+@pytest.mark.parametrize("fault", [{"lost": True}, {"xid": 79}], ids=["lost", "xid79"])
+async def test_a_gpu_off_the_bus_never_fails_admission_on_the_others(
+    kubelet: KubeletStandin, launcher: AgentLauncher, fault: dict[str, object], config: str | None
+) -> None:
+    """dgx-a100 whole GPUs (NVLink-aware preferred allocation) or time-sliced:
+    with GPU 3 gone, requests the other GPUs can serve are admitted through
+    GetPreferredAllocation and Allocate, none gets GPU 3, and only a request
+    larger than what is left fails."""
+    running = await launcher.start("dgx-a100", config=config and EXAMPLES / config)
+    await running.registered(kubelet)
+    lost = running.gpu_uuid(3)
+    total = running.served[GPU]
+    per_gpu = total // 8
+    running.inject(gpu=3, **fault)
+    await kubelet.wait_for(lambda k: _only_unhealthy(k, running, {GPU: {lost}}))
+    assert kubelet.node_status().allocatable[GPU] == total - per_gpu
+
+    sizes = [2, 1, 4] if per_gpu == 1 else [2, 1, 4, 8, 3]
+    placed: set[str] = set()
+    for i, size in enumerate(sizes):
+        (got,) = await kubelet.admit(f"pod-{i}", {"main": {GPU: size}})
+        assert len(got.device_ids) == size
+        placed |= gpus_of(got.device_ids)
+    assert lost not in placed
+    free = kubelet.node_status().free[GPU]
+    assert free == total - per_gpu - sum(sizes)
+    with pytest.raises(AdmissionError, match="Available"):
+        await kubelet.admit("too-many", {"main": {GPU: free + 1}})
