@@ -17,6 +17,7 @@ class Plan:
     allocates: int  # Allocates sent to the agent process between the RSS readings
     lists: int  # ListAndWatch streams opened per trial
     flips: int  # node label flips per trial
+    rss_trials: int  # agent processes (each with a no-op server process) for the RSS figures
 
 
 FULL = Plan(
@@ -30,6 +31,7 @@ FULL = Plan(
     allocates=10_000,
     lists=20,
     flips=10,
+    rss_trials=3,
 )
 
 QUICK = Plan(
@@ -43,4 +45,5 @@ QUICK = Plan(
     allocates=1_000,
     lists=3,
     flips=2,
+    rss_trials=1,
 )
