@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from bench import __main__ as bench_main
 from bench.harness import MS, Figure, Target
 from bench.plan import Plan
+
+from bench import __main__ as bench_main
 
 
 async def _slow_but_measured(plan: Plan) -> list[Figure]:
