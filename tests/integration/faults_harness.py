@@ -48,7 +48,6 @@ class Census:
             except FileNotFoundError:  # the fd listdir itself used
                 continue
             fds[re.sub(r":\[\d+\]$", "", target)] += 1
-        fds["/proc/self/fd"] -= 1  # listdir's own
         threads = Counter(t.name for t in threading.enumerate())
         tasks = Counter(t.get_coro().__qualname__ for t in asyncio.all_tasks())  # type: ignore[union-attr]
         return cls(fds, threads, tasks)

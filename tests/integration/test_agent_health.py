@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent, gpus_of
+from faults_harness import Census, no_leaks
 
 from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
 
@@ -44,6 +45,7 @@ async def test_a_transient_xid_marks_every_replica_of_that_gpu_and_recovery_rest
     running = await launcher.start("t4x4", config=EXAMPLES / "time-slicing.yaml")
     await running.registered(kubelet)
     bad = running.gpu_uuid(2)
+    before = Census.take()
 
     running.inject(gpu=2, xid=94)  # contained ECC error: transient
     await kubelet.wait_for(lambda k: _only_unhealthy(k, running, {GPU: {bad}}))
@@ -66,6 +68,7 @@ async def test_a_transient_xid_marks_every_replica_of_that_gpu_and_recovery_rest
     assert kubelet.node_status().allocatable[GPU] == 16
     (late,) = await kubelet.admit("after-recovery", {"main": {GPU: 1}})
     assert gpus_of(late.device_ids) == {bad}
+    await no_leaks(before)
 
 
 async def test_a_fatal_xid_stays_unhealthy_after_a_recovered_event(
@@ -111,6 +114,7 @@ async def test_xid_on_a_mig_gpu_marks_every_mig_device_of_it_in_every_resource(
     )
     await running.registered(kubelet)
     mig_gpu, plain_gpu = running.gpu_uuid(0), running.gpu_uuid(1)
+    before = Census.take()
 
     running.inject(gpu=0, xid=94)  # transient, so the recovered event below clears it
     on_mig_gpu = {name: {mig_gpu} for name in MIG_RESOURCES}
@@ -133,6 +137,7 @@ async def test_xid_on_a_mig_gpu_marks_every_mig_device_of_it_in_every_resource(
         "nvidia.com/mig-2g.10gb": 2,
         "nvidia.com/mig-3g.20gb": 3,
     }
+    await no_leaks(before)
 
 
 @pytest.mark.parametrize("config", [None, "dgx-a100-demo.yaml"], ids=["whole", "replicas"])

@@ -88,6 +88,7 @@ async def test_a_failing_probe_keeps_the_device_unhealthy_until_it_answers(
 ) -> None:
     running, backend = await _flaky(kubelet, faults, FAST_RECOVERY)
     bad = running.gpu_uuid(2)
+    before = Census.take()
     backend.probe_fails.set()
     running.inject(gpu=2, xid=94)  # transient: re-probed after the hold-down
     await kubelet.wait_for(lambda k: _unhealthy_gpus(k) == {bad})
@@ -102,6 +103,8 @@ async def test_a_failing_probe_keeps_the_device_unhealthy_until_it_answers(
     took = time.monotonic() - started
     print(f"probe answers again -> Healthy in {took * 1000:.0f} ms (hold-down 50 ms)")
     assert backend.probes[-1] == (bad, True)
+    await kubelet.release("elsewhere")
+    await no_leaks(before)
 
 
 async def test_a_failing_event_wait_marks_every_gpu_until_each_answers_a_probe(
@@ -109,6 +112,7 @@ async def test_a_failing_event_wait_marks_every_gpu_until_each_answers_a_probe(
 ) -> None:
     running, backend = await _flaky(kubelet, faults, FAST_RECOVERY)
     every = {running.gpu_uuid(i) for i in range(4)}
+    before = Census.take()
     updates = kubelet.updates(GPU)
     backend.wait_fails.set()
     await kubelet.wait_for(lambda k: k.updates(GPU) > updates)
@@ -116,6 +120,7 @@ async def test_a_failing_event_wait_marks_every_gpu_until_each_answers_a_probe(
     await kubelet.wait_for(lambda k: _unhealthy_gpus(k) == set())
     assert {d for d, ok in backend.probes if ok} == every
     assert not running.task.done()
+    await no_leaks(before)
 
 
 def _failing_open() -> FlakyBackend:
@@ -129,9 +134,11 @@ def _no_nvml(deps: AgentDeps) -> AgentDeps:
 async def test_nvml_init_failure_with_fail_on_init_error_stops_the_agent(
     faults: FaultLauncher, plugin_dir: str
 ) -> None:
+    before = Census.take()
     running = await faults.start_with(_no_nvml, "t4x4", wait_ready=False)
     with pytest.raises(BackendError, match="NVML did not initialise"):
         await running.shutdown()
+    await no_leaks(before)
     assert not running.agent.ready.is_set()
     assert not [n for n in os.listdir(plugin_dir) if n.endswith(".sock")]
 
@@ -139,6 +146,7 @@ async def test_nvml_init_failure_with_fail_on_init_error_stops_the_agent(
 async def test_nvml_init_failure_without_fail_on_init_error_waits_serving_nothing(
     kubelet: KubeletStandin, faults: FaultLauncher, plugin_dir: str, logged: Logged
 ) -> None:
+    before = Census.take()
     running = await faults.start_with(
         _no_nvml, "t4x4", flags={"fail-on-init-error": "false"}, wait_ready=False
     )
@@ -150,3 +158,4 @@ async def test_nvml_init_failure_without_fail_on_init_error_waits_serving_nothin
     assert kubelet.registrations == []
     assert [n for n in os.listdir(plugin_dir) if n.endswith(".sock")] == ["kubelet.sock"]
     await running.shutdown()  # returns cleanly on stop
+    await no_leaks(before)

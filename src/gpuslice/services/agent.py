@@ -107,6 +107,7 @@ class Agent:
         try:
             self._backend = await self._call(self._deps.open_backend)
         except GpusliceError as exc:
+            self._pool.shutdown(wait=True)  # idle: nothing more will run on it
             if settings.fail_on_init_error:
                 raise
             log.error("backend_unavailable_waiting", error=str(exc), fail_on_init_error=False)
