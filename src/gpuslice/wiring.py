@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from gpuslice.core.errors import ConfigError
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.ports import GpuBackend, LabelSink, NodeApi
 from gpuslice.services.agent import AgentDeps, DirEvents, Settings
-from gpuslice.services.config_manager import ConfigManager
+from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
 from gpuslice.services.health_env import recovery_from_env
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
@@ -211,7 +212,15 @@ def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
                 fallbacks=_list(opts.get("fallback-strategies")),
             )
 
-    return NodeDeps(agent=agent_deps(opts), manager=manager, labels=label_options(opts, api))
+    agent = agent_deps(opts)
+    if manager is None and api is not None and node:
+        # One config file: a refused SIGHUP reload is recorded on the Node as the
+        # per-node manager records a refused config.
+        async def rejected(message: str) -> None:
+            await api.record_event(node, REJECTED_REASON, message, warning=True)
+
+        agent = dataclasses.replace(agent, on_rejected=rejected)
+    return NodeDeps(agent=agent, manager=manager, labels=label_options(opts, api))
 
 
 def label_options(opts: RunOptions, api: NodeApi | None) -> LabelOptions | None:

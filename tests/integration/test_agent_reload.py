@@ -4,6 +4,8 @@ devices to a new resource and socket, a broken file keeps the last good config."
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,10 @@ from agent_harness import (
     write_file,
 )
 
+from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.services.node import Node
+from gpuslice.wiring import RunOptions, node_deps
 
 SHARED = "nvidia.com/gpu.shared"
 
@@ -151,3 +156,46 @@ async def test_reload_from_a_configmap_entry_keeps_the_named_entry(
     write_file(manifest, text.replace("replicas: 4", "replicas: 2"))
     assert await running.agent.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
+
+
+async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_detail(
+    kubelet: KubeletStandin, plugin_dir: str, config: Path
+) -> None:
+    """`gpuslice run --config-file FILE` in a cluster: a SIGHUP that finds the file
+    broken keeps the last good config, records a ConfigRejected Event on the Node
+    and says so in /readyz's details; the next good reload clears the detail."""
+    api = MemoryNodeApi({"node-1": {}})
+    opts = RunOptions(
+        cli_values={
+            "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
+            "config-file": str(config),
+            "node-name": "node-1",
+            "labels": "false",
+        },
+        fake_hardware="t4x4",
+    )
+    node = Node(node_deps(opts, api))
+    stop, reload = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(node.run(stop, reload))
+    try:
+        await kubelet.wait_for(lambda k: serving(k, {GPU: 16}))
+        assert "config" not in node.readiness()[1]
+
+        write_file(config, "version: v1\nflags:\n  migStrategy: bogus\n")
+        assert not await node.agent.reload()
+        (event,) = api.events
+        assert (event.node, event.reason, event.type) == ("node-1", "ConfigRejected", "Warning")
+        assert event.message.startswith("config rejected, keeping the last good one: ")
+        assert "bogus" in event.message
+        ready, details = node.readiness()
+        assert ready  # still serving the last good config
+        assert details["config"] == {"ok": False, "detail": event.message}
+        assert serving(kubelet, {GPU: 16})
+
+        write_file(config, _time_slicing(2))
+        assert await node.agent.reload()
+        await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
+        assert "config" not in node.readiness()[1]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -60,6 +60,8 @@ class AgentDeps:
     watch: DirWatch | None = None  # None: no kubelet-restart detection (tests of parts)
     control_devices: tuple[str, ...] = ()
     restart_budget: RestartBudget | None = None  # None: upstream's (5 restarts an hour)
+    # Told why a reload (SIGHUP) was refused, e.g. to record an Event on the Node.
+    on_rejected: Callable[[str], Awaitable[None]] | None = None
 
 
 class Agent:
@@ -70,6 +72,7 @@ class Agent:
             deps.endpoint_factory, control_devices=deps.control_devices, budget=deps.restart_budget
         )
         self._backend: GpuBackend | None = None
+        self.rejected: str | None = None  # why the last reload was refused, until one succeeds
         self._settings: Settings | None = None
         self._snapshot: HardwareSnapshot | None = None
         self._monitor: HealthMonitor | None = None
@@ -164,7 +167,11 @@ class Agent:
             return False
         except GpusliceError as exc:
             log.error("config_rejected_keeping_last_good", error=str(exc))
+            self.rejected = f"config rejected, keeping the last good one: {exc}"
+            if self._deps.on_rejected is not None:
+                await self._deps.on_rejected(self.rejected)
             return False
+        self.rejected = None
         return True
 
     async def apply_settings(self, settings: Settings) -> None:

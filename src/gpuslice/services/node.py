@@ -61,6 +61,8 @@ class Node:
         details: dict[str, Any] = {"resources": registered}
         if self.manager is not None:
             details["config"] = self.manager.status.as_dict()
+        elif self.agent.rejected is not None:  # one config file, re-read on SIGHUP
+            details["config"] = {"ok": False, "detail": self.agent.rejected}
         return ready, details
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
