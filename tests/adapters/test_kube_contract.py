@@ -18,6 +18,7 @@ from kube_fakes import FAST_BACKOFF, FakeApiServer, Follower, fake_client
 
 from gpuslice.adapters.kube import KubeNodeApi, MemoryNodeApi, objects
 from gpuslice.core.errors import BackendError
+from gpuslice.core.labels import TIMESTAMP_LABEL
 from gpuslice.core.ports import NodeApi
 
 NS = "gpu-ops"
@@ -169,6 +170,20 @@ async def test_node_feature_is_written_only_when_its_labels_change(cluster: Clus
     assert await cluster.api.publish_node_feature("n1", NS, {"a": "2"}) is True
     assert cluster.feature_labels("n1") == {"a": "2"}
     assert cluster.writes() == 2
+
+
+async def test_a_new_timestamp_alone_rewrites_nothing(cluster: Cluster) -> None:
+    """A restarted agent stamps its labels anew: the stored object already holds
+    them, so a DaemonSet rollout does not rewrite every node's object."""
+    stamped = {"a": "1", TIMESTAMP_LABEL: "1700000000"}
+    assert await cluster.api.publish_node_feature("n1", NS, stamped) is True
+    restamped = {**stamped, TIMESTAMP_LABEL: "1800000000"}
+    assert await cluster.api.publish_node_feature("n1", NS, restamped) is False
+    assert cluster.feature_labels("n1") == stamped
+    assert await cluster.api.publish_node_feature("n1", NS, {"a": "1"}) is True  # stamp dropped
+    assert await cluster.api.publish_node_feature("n1", NS, {**restamped, "a": "2"}) is True
+    assert cluster.feature_labels("n1") == {"a": "2", TIMESTAMP_LABEL: "1800000000"}
+    assert cluster.writes() == 3
 
 
 async def test_events_are_recorded_on_the_node(cluster: Cluster) -> None:

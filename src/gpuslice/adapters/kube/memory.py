@@ -103,7 +103,7 @@ class MemoryNodeApi:
         stored = self.node_features.get((namespace, name))
         if stored is None:
             stored = objects.node_feature_body(node, namespace, labels)
-        elif objects.spec_labels(stored) == dict(labels):
+        elif objects.holds(stored, labels):
             return False
         else:
             stored = objects.with_spec_labels(stored, labels)

@@ -123,7 +123,7 @@ class KubeNodeApi:
             owners = await self._owner_refs(namespace)
             body = objects.node_feature_body(node, namespace, wanted, owners)
             await self._session.create_node_feature(namespace, body)
-        elif objects.spec_labels(stored) == wanted:
+        elif objects.holds(stored, wanted):
             return False
         else:
             await self._session.replace_node_feature(

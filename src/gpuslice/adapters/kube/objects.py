@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gpuslice.core.labels import labels_changed
+
 NFD_GROUP = "nfd.k8s-sigs.io"
 NFD_VERSION = "v1alpha1"
 NODE_FEATURE_KIND = "NodeFeature"
@@ -70,6 +72,13 @@ def spec_labels(body: Mapping[str, Any]) -> dict[str, str]:
     """spec.labels of a stored NodeFeature ({} when absent or null)."""
     spec = body.get("spec") or {}
     return dict(spec.get("labels") or {})
+
+
+def holds(body: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a stored NodeFeature already says what `labels` say: the same keys and
+    values but the timestamp's, so a restarted agent, which stamps anew, rewrites nothing."""
+    stored = spec_labels(body)
+    return stored.keys() == labels.keys() and not labels_changed(stored, labels)
 
 
 def with_spec_labels(body: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
