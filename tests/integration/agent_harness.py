@@ -187,3 +187,15 @@ class AgentLauncher:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+async def start_mig_mixed(kubelet: KubeletStandin, launcher: AgentLauncher) -> RunningAgent:
+    """Four resources, registered: three MIG profiles on GPU 0 and replicas of GPU 1."""
+    running = await launcher.start(
+        "a100-40gb-mig-mixed",
+        config=EXAMPLES / "time-slicing-configmap.yaml",
+        config_name="a100-40gb",
+    )
+    await running.registered(kubelet)
+    assert len(running.served) == 4
+    return running

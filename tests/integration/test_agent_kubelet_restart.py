@@ -13,11 +13,11 @@ from agent_harness import (
     EXAMPLES,
     GPU,
     AgentLauncher,
-    RunningAgent,
     gpus_of,
     is_socket,
     registrations,
     serving,
+    start_mig_mixed,
 )
 
 from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
@@ -26,17 +26,6 @@ from gpuslice.services.plugin_manager import RETRY_START_S
 
 # After re-registering, a settled agent registers nothing more in this window.
 SETTLE_WINDOW_S = 0.5
-
-
-async def _mig_mixed(kubelet: KubeletStandin, launcher: AgentLauncher) -> RunningAgent:
-    running = await launcher.start(
-        "a100-40gb-mig-mixed",
-        config=EXAMPLES / "time-slicing-configmap.yaml",
-        config_name="a100-40gb",
-    )
-    await running.registered(kubelet)
-    assert len(running.served) == 4
-    return running
 
 
 async def _assert_no_more_registrations(kubelet: KubeletStandin, seen: int) -> None:
@@ -48,7 +37,7 @@ async def _assert_no_more_registrations(kubelet: KubeletStandin, seen: int) -> N
 async def test_kubelet_restart_re_registers_every_resource_on_new_sockets(
     kubelet: KubeletStandin, launcher: AgentLauncher
 ) -> None:
-    running = await _mig_mixed(kubelet, launcher)
+    running = await start_mig_mixed(kubelet, launcher)
     want = running.served
     before = registrations(kubelet)
 
@@ -76,7 +65,7 @@ async def test_kubelet_restart_re_registers_every_resource_on_new_sockets(
 async def test_quick_restarts_in_a_row_end_with_every_resource_registered(
     kubelet: KubeletStandin, launcher: AgentLauncher
 ) -> None:
-    running = await _mig_mixed(kubelet, launcher)
+    running = await start_mig_mixed(kubelet, launcher)
     want = running.served
     for _ in range(4):
         await kubelet.restart()
@@ -94,7 +83,7 @@ async def test_kubelet_away_for_a_while_is_registered_with_once_it_is_back(
 ) -> None:
     """kubelet.sock is gone for longer than the first registration retry: the
     agent registers once, as soon as kubelet.sock is back."""
-    running = await _mig_mixed(kubelet, launcher)
+    running = await start_mig_mixed(kubelet, launcher)
     want = running.served
     before = registrations(kubelet)
     restart = asyncio.create_task(kubelet.restart(delay=2 * RETRY_START_S))

@@ -12,7 +12,15 @@ import os
 import time
 
 import pytest
-from agent_harness import EXAMPLES, GPU, RunningAgent, is_socket, registrations, serving
+from agent_harness import (
+    EXAMPLES,
+    GPU,
+    RunningAgent,
+    is_socket,
+    registrations,
+    serving,
+    start_mig_mixed,
+)
 from faults_harness import Census, FaultLauncher, no_leaks, summary_ms
 
 from gpuslice.adapters.kubelet.api import pb
@@ -20,18 +28,6 @@ from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import socket_name
 
 SETTLE_WINDOW_S = 0.5  # a settled agent registers nothing more in this window
-
-
-async def _mig_mixed(kubelet: KubeletStandin, launcher: FaultLauncher) -> RunningAgent:
-    """Four resources: three MIG profiles on GPU 0 and replicas of GPU 1."""
-    running = await launcher.start(
-        "a100-40gb-mig-mixed",
-        config=EXAMPLES / "time-slicing-configmap.yaml",
-        config_name="a100-40gb",
-    )
-    await running.registered(kubelet)
-    assert len(running.served) == 4
-    return running
 
 
 async def _settled(kubelet: KubeletStandin, running: RunningAgent) -> None:
@@ -56,7 +52,7 @@ async def _settled(kubelet: KubeletStandin, running: RunningAgent) -> None:
 async def test_twenty_kubelet_restarts_in_a_row_end_registered_with_nothing_leaked(
     kubelet: KubeletStandin, faults: FaultLauncher
 ) -> None:
-    running = await _mig_mixed(kubelet, faults)
+    running = await start_mig_mixed(kubelet, faults)
     await kubelet.restart()  # warm-up: every path runs once before the census
     await _settled(kubelet, running)
     before, registered = Census.take(), registrations(kubelet)
@@ -77,7 +73,7 @@ async def test_a_restart_right_after_each_registration_ends_registered(
 ) -> None:
     """The kubelet restarts the moment it accepted a Register call, before the
     agent's other resources (or even that one's stream) are through."""
-    running = await _mig_mixed(kubelet, faults)
+    running = await start_mig_mixed(kubelet, faults)
     before = Census.take()
     for _ in range(10):
         seen = len(kubelet.registrations)
@@ -93,7 +89,7 @@ async def test_a_second_restart_at_any_point_of_re_registering_ends_registered(
 ) -> None:
     """A second restart `delay_ms` after the first: while sockets are being
     re-created, while Register calls are in flight, or once they are through."""
-    running = await _mig_mixed(kubelet, faults)
+    running = await start_mig_mixed(kubelet, faults)
     for _ in range(3):
         await kubelet.restart()
         await asyncio.sleep(delay_ms / 1000)  # the fault's timing, not a wait for an event
@@ -104,7 +100,7 @@ async def test_a_second_restart_at_any_point_of_re_registering_ends_registered(
 async def test_every_socket_deleted_at_once_is_re_created_and_re_registered_each_time(
     kubelet: KubeletStandin, faults: FaultLauncher
 ) -> None:
-    running = await _mig_mixed(kubelet, faults)
+    running = await start_mig_mixed(kubelet, faults)
     paths = [running.socket(socket_name(n)) for n in running.served]
     before, times = Census.take(), []
     for round_ in range(1, 6):
