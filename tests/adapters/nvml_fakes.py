@@ -2,7 +2,7 @@
 
 It implements only the read calls NvmlBackend uses (a set* call would fail
 with AttributeError), raises pynvml's own error classes, and lets a test
-inject XID/ECC events and lost GPUs. `host_tree` writes the matching /sys and
+inject XID/ECC events, lost GPUs and per-GPU call failures. `host_tree` writes the matching /sys and
 /proc files, so NvmlBackend over FakeNvml should reproduce the snapshot.
 """
 
@@ -48,7 +48,9 @@ class EventSet:
 
 class FakeNvml:
     """`switch_links`: serve every NVLink as going to an NVSwitch, that many per
-    GPU (how DGX systems look); otherwise peers are served as direct links."""
+    GPU (how DGX systems look); otherwise peers are served as direct links.
+    `faults`: (NVML function name, GPU index) -> the NVML error code that call
+    raises for that GPU (and its MIG devices) while the entry is there."""
 
     def __init__(
         self,
@@ -58,12 +60,14 @@ class FakeNvml:
         init_error: int | None = None,
         name_gi_profiles: bool = True,
         register_errors: dict[int, int] | None = None,
+        faults: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.snap = snapshot
         self.switch_links = switch_links
         self.init_error = init_error
         self.name_gi_profiles = name_gi_profiles
         self.register_errors = register_errors or {}
+        self.faults = faults or {}
         self.devs = [Dev(g) for g in snapshot.gpus]
         self.migs = {m.uuid: Dev(g, m) for g in snapshot.gpus for m in g.mig_devices}
         profiles = sorted({_gi_profile(m) for g in snapshot.gpus for m in g.mig_devices})
@@ -124,6 +128,11 @@ class FakeNvml:
 
     # --- devices --------------------------------------------------------------
 
+    def _fault(self, call: str, index: int) -> None:
+        code = self.faults.get((call, index))
+        if code is not None:
+            raise fail(code)
+
     def _live(self, dev: Dev) -> Dev:
         if dev.gpu.uuid in self.lost:
             raise fail(pynvml.NVML_ERROR_GPU_IS_LOST)
@@ -133,32 +142,40 @@ class FakeNvml:
         return len(self.devs)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Dev:
+        self._fault("nvmlDeviceGetHandleByIndex", index)
         return self.devs[index]
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Dev:
         found = next((d for d in self.devs if d.gpu.uuid == uuid), None) or self.migs.get(uuid)
         if found is None:
             raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+        self._fault("nvmlDeviceGetHandleByUUID", found.gpu.index)
         return self._live(found)
 
     def nvmlDeviceGetUUID(self, dev: Dev) -> str:
+        self._fault("nvmlDeviceGetUUID", dev.gpu.index)
         return dev.mig.uuid if dev.mig else dev.gpu.uuid
 
     def nvmlDeviceGetName(self, dev: Dev) -> bytes:
+        self._fault("nvmlDeviceGetName", dev.gpu.index)
         return dev.gpu.name.encode()
 
     def nvmlDeviceGetMinorNumber(self, dev: Dev) -> int:
+        self._fault("nvmlDeviceGetMinorNumber", dev.gpu.index)
         return dev.gpu.minor
 
     def nvmlDeviceGetMemoryInfo(self, dev: Dev) -> SimpleNamespace:
         self._live(dev)
+        self._fault("nvmlDeviceGetMemoryInfo", dev.gpu.index)
         mib = dev.mig.memory_mib if dev.mig else dev.gpu.memory_mib
         return SimpleNamespace(total=mib * MIB, used=0, free=mib * MIB)
 
     def nvmlDeviceGetCudaComputeCapability(self, dev: Dev) -> tuple[int, int]:
+        self._fault("nvmlDeviceGetCudaComputeCapability", dev.gpu.index)
         return dev.gpu.compute_capability
 
     def nvmlDeviceGetPciInfo(self, dev: Dev) -> SimpleNamespace:
+        self._fault("nvmlDeviceGetPciInfo", dev.gpu.index)
         return SimpleNamespace(busId=dev.gpu.pci_bus_id.encode())
 
     def nvmlDeviceGetBrand(self, dev: Dev) -> int:
@@ -191,6 +208,7 @@ class FakeNvml:
     # --- MIG ------------------------------------------------------------------
 
     def nvmlDeviceGetMigMode(self, dev: Dev) -> list[int]:
+        self._fault("nvmlDeviceGetMigMode", dev.gpu.index)
         if not dev.gpu.mig_capable:
             raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         mode = int(dev.gpu.mig_enabled)
@@ -200,6 +218,7 @@ class FakeNvml:
         return 7
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, dev: Dev, index: int) -> Dev:
+        self._fault("nvmlDeviceGetMigDeviceHandleByIndex", dev.gpu.index)
         if index >= len(dev.gpu.mig_devices):
             raise fail(pynvml.NVML_ERROR_NOT_FOUND)
         return self.migs[dev.gpu.mig_devices[index].uuid]
@@ -268,6 +287,7 @@ class FakeNvml:
         return supported
 
     def nvmlDeviceRegisterEvents(self, dev: Dev, types: int, es: EventSet) -> None:
+        self._fault("nvmlDeviceRegisterEvents", dev.gpu.index)
         es.registered[dev.gpu.uuid] = types
 
     def nvmlEventSetWait_v2(self, es: EventSet, timeout_ms: int) -> SimpleNamespace:

@@ -65,6 +65,9 @@ class Gpu:
     # Peer GPU UUID -> number of NVLink links to it.
     nvlinks: tuple[tuple[str, int], ...] = ()
     processes: tuple[GpuProcess, ...] = ()
+    # Why some facts could not be read ("" when all were): the backend reports
+    # such a GPU lost, and only a later full read lets it recover.
+    read_error: str = ""
 
     @property
     def device_path(self) -> str:

@@ -21,6 +21,7 @@ class NvmlBackend:
         self._nv = nv
         self._inventory = Inventory(nv, sys_root, proc_root)
         self._events = EventWatch(nv)
+        self._unread: frozenset[str] = frozenset()  # GPUs the last snapshot read only in part
         self._open = True
 
     @classmethod
@@ -50,20 +51,32 @@ class NvmlBackend:
         return tuple(self._events.registered)
 
     def snapshot(self) -> HardwareSnapshot:
+        """The GPUs as read now; each GPU newly read only in part is reported lost."""
         if not self._open:
             raise BackendError("NVML backend used after close()")
-        return self._inventory.snapshot()
+        snapshot = self._inventory.snapshot()
+        unread = {g.uuid: g.read_error for g in snapshot.gpus if g.read_error}
+        for gpu in snapshot.gpus:
+            self._events.watch(gpu.uuid)
+        for gpu_uuid in unread.keys() - self._unread:
+            detail = f"unreadable: {unread[gpu_uuid]}"
+            self._events.report(HealthEvent(gpu_uuid, "lost", detail=detail))
+        self._unread = frozenset(unread)
+        return snapshot
 
     def wait_event(self, timeout_s: float) -> HealthEvent | None:
         return self._events.wait(timeout_s)
 
     def probe(self, gpu_uuid: str) -> bool:
-        """The GPU (or MIG device) answers a memory query right now."""
-        if not self._open:
+        """The GPU (or MIG device) answers a memory query right now, the last
+        snapshot read it in full, and its health events are registered."""
+        if not self._open or gpu_uuid in self._unread:  # only a full read clears these
             return False
         try:
             self._nv.nvmlDeviceGetMemoryInfo(self._nv.nvmlDeviceGetHandleByUUID(gpu_uuid))
         except pynvml.NVMLError:
+            return False
+        if not self._events.watching(gpu_uuid):
             return False
         self._events.answering(gpu_uuid)
         return True

@@ -4,7 +4,8 @@ XID -> kind "xid" with the code; double-bit ECC -> "xid" 48 (as upstream files
 it); single-bit ECC (corrected by the hardware) is not reported. When NVML says
 a GPU is lost, each watched GPU is probed and the unreachable ones reported as
 "lost". `detail` holds space-separated tokens: "ecc=double-bit" and, for a
-MIG-scoped event, "gi=<id> ci=<id>".
+MIG-scoped event, "gi=<id> ci=<id>". A GPU whose events cannot be registered
+is reported lost, and its probes fail until a retry registers them.
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ class EventWatch:
         self._event_set: Any = None
         self._watched: dict[str, Any] = {}  # GPU UUID -> handle
         self.registered: list[str] = []  # GPUs whose health events are registered
+        self._unwatched: set[str] = set()  # GPUs whose registration failed
         self._lost: set[str] = set()
         self._pending: deque[HealthEvent] = deque()
 
     def register(self) -> None:
-        """Watch every GPU for the health events it supports. A GPU that cannot
-        be registered (other than for lack of support) is reported lost, as
-        upstream marks it unhealthy."""
+        """Watch every GPU for the health events it supports. A GPU NVML cannot
+        name is skipped here (watch() takes it once a snapshot names it)."""
         nv = self._nv
         try:
             self._event_set = nv.nvmlEventSetCreate()
@@ -55,19 +56,70 @@ class EventWatch:
             _log.warning("nvml_events_unavailable", reason=str(exc))
             return
         for index in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-            gpu_uuid = text(nv.nvmlDeviceGetUUID(handle))
-            self._watched[gpu_uuid] = handle
             try:
-                wanted = int(nv.nvmlDeviceGetSupportedEventTypes(handle)) & HEALTH_EVENTS
-                if wanted:
-                    nv.nvmlDeviceRegisterEvents(handle, wanted, self._event_set)
-                    self.registered.append(gpu_uuid)
-            except ABSENT:
-                _log.warning("nvml_health_events_unsupported", device=gpu_uuid)
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                gpu_uuid = text(nv.nvmlDeviceGetUUID(handle))
             except pynvml.NVMLError as exc:
-                detail = f"health event registration failed: {exc}"
-                self._pending.append(HealthEvent(gpu_uuid=gpu_uuid, kind="lost", detail=detail))
+                _log.warning("nvml_health_events_gpu_unnamed", gpu_index=index, error=str(exc))
+                continue
+            self._add(gpu_uuid, handle)
+
+    def watch(self, gpu_uuid: str) -> None:
+        """Watch a GPU not seen before (one register() could not name)."""
+        if self._event_set is None or gpu_uuid in self._watched or gpu_uuid in self._unwatched:
+            return
+        try:
+            handle = self._nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except pynvml.NVMLError as exc:
+            self._failed(gpu_uuid, str(exc))
+            return
+        self._add(gpu_uuid, handle)
+
+    def watching(self, gpu_uuid: str) -> bool:
+        """False while the GPU's health events cannot be registered; each call
+        retries, so a GPU is never declared healthy unwatched."""
+        if gpu_uuid not in self._unwatched:
+            return True
+        try:
+            handle = self._nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except pynvml.NVMLError:
+            return False
+        with self._lock:
+            if self._event_set is None or self._register(gpu_uuid, handle):
+                return False
+        self._unwatched.discard(gpu_uuid)
+        return True
+
+    def report(self, event: HealthEvent) -> None:
+        """Queue an event found outside the event set (an unreadable GPU)."""
+        self._pending.append(event)
+
+    def _add(self, gpu_uuid: str, handle: Any) -> None:
+        """A GPU that cannot be registered (other than for lack of support) is
+        reported lost, as upstream marks it unhealthy, and watching() keeps it so."""
+        with self._lock:
+            error = self._register(gpu_uuid, handle) if self._event_set is not None else ""
+        if error:
+            self._failed(gpu_uuid, error)
+
+    def _register(self, gpu_uuid: str, handle: Any) -> str:
+        """Register one GPU's health events (under the lock); the NVML error, or ""."""
+        self._watched[gpu_uuid] = handle
+        try:
+            wanted = int(self._nv.nvmlDeviceGetSupportedEventTypes(handle)) & HEALTH_EVENTS
+            if wanted:
+                self._nv.nvmlDeviceRegisterEvents(handle, wanted, self._event_set)
+                self.registered.append(gpu_uuid)
+        except ABSENT:
+            _log.warning("nvml_health_events_unsupported", device=gpu_uuid)
+        except pynvml.NVMLError as exc:
+            return str(exc)
+        return ""
+
+    def _failed(self, gpu_uuid: str, error: str) -> None:
+        self._unwatched.add(gpu_uuid)
+        detail = f"health event registration failed: {error}"
+        self._pending.append(HealthEvent(gpu_uuid=gpu_uuid, kind="lost", detail=detail))
 
     def wait(self, timeout_s: float) -> HealthEvent | None:
         deadline = time.monotonic() + max(timeout_s, 0.0)

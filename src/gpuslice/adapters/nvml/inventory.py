@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
+import structlog
 
 from gpuslice.adapters.nvml.host import (
     MIG_MINORS,
@@ -25,6 +26,8 @@ from gpuslice.adapters.nvml.host import (
 )
 from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import BackendError
+
+_log = structlog.get_logger()
 
 MIB = 1024 * 1024
 ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
@@ -86,19 +89,27 @@ class Inventory:
         self._proc_root = proc_root
 
     def snapshot(self) -> HardwareSnapshot:
+        """Every GPU read in full, or kept with what identifies it (read_error
+        set); a GPU not even that far readable is left out with a warning.
+        BackendError when enumeration fails or no GPU reads in full."""
         nv = self._nv
         try:
-            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+            count = nv.nvmlDeviceGetCount()
             driver = text(nv.nvmlSystemGetDriverVersion())
             nvml_version = text(nv.nvmlSystemGetNVMLVersion())
             cuda = optional(nv.nvmlSystemGetCudaDriverVersion) or 0
         except pynvml.NVMLError as exc:
             raise BackendError(f"NVML enumeration failed: {exc}", transient=True) from None
         caps = read_mig_minors(self._proc_root)
-        gpus = [self._gpu(i, h, caps) for i, h in enumerate(handles)]
-        links = nvlink_peers(gpus, [self._link_remotes(h) for h in handles])
+        read = [self._read(i, caps) for i in range(count)]
+        kept = [r for r in read if not isinstance(r, str)]
+        if count and all(g.read_error for g, _ in kept):
+            errors = "; ".join(r if isinstance(r, str) else r[0].read_error for r in read)
+            raise BackendError(f"NVML: no GPU could be read ({errors})", transient=True)
+        gpus = [g for g, _ in kept]
+        links = nvlink_peers(gpus, [self._link_remotes(h) for _, h in kept])
         return HardwareSnapshot(
-            gpus=tuple(replace(g, nvlinks=links[g.index]) for g in gpus),
+            gpus=tuple(replace(g, nvlinks=peers) for g, peers in zip(gpus, links, strict=True)),
             driver_version=driver,
             nvml_version=nvml_version,
             cuda_driver_version=int(cuda),
@@ -106,37 +117,82 @@ class Inventory:
             extra={"backend": "nvml"},
         )
 
-    def _gpu(self, index: int, handle: Any, caps: dict[str, int]) -> Gpu:
-        nv = self._nv
+    def _read(self, index: int, caps: dict[str, int]) -> tuple[Gpu, Any] | str:
+        """(GPU, handle), or why GPU `index` is left out."""
         try:
-            bus_id = normal_bus_id(text(nv.nvmlDeviceGetPciInfo(handle).busId))
-            minor = int(nv.nvmlDeviceGetMinorNumber(handle))
-            memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // MIB
-            major, minor_cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
-            mig_mode = optional(nv.nvmlDeviceGetMigMode, handle)
-            mig_enabled = mig_mode is not None and mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-            attributes = informational(nv.nvmlDeviceGetAttributes, handle)
-            return Gpu(
-                index=index,
-                uuid=text(nv.nvmlDeviceGetUUID(handle)),
-                name=text(nv.nvmlDeviceGetName(handle)),
-                minor=minor,
-                memory_mib=memory_mib,
-                compute_capability=(int(major), int(minor_cc)),
-                pci_bus_id=bus_id,
-                numa_node=read_numa_node(self._sys_root, bus_id),
-                brand=BRANDS.get(informational(nv.nvmlDeviceGetBrand, handle), ""),
-                architecture=ARCHITECTURES.get(
-                    informational(nv.nvmlDeviceGetArchitecture, handle), ""
-                ),
-                multiprocessors=int(attributes.multiprocessorCount) if attributes else 0,
-                mig_capable=mig_mode is not None,
-                mig_enabled=mig_enabled,
-                mig_devices=self._migs(handle, minor, memory_mib, caps) if mig_enabled else (),
-                processes=self._processes(handle),
-            )
+            handle = self._nv.nvmlDeviceGetHandleByIndex(index)
         except pynvml.NVMLError as exc:
-            raise BackendError(f"NVML: reading GPU {index} failed: {exc}", transient=True) from None
+            error = f"GPU {index}: {exc}"
+        else:
+            try:
+                return self._gpu(index, handle, caps), handle
+            except (pynvml.NVMLError, BackendError) as exc:
+                error = f"GPU {index}: {exc}"
+            gpu = self._partial(index, handle, error)
+            if gpu is not None:
+                _log.warning("gpu_partly_read", gpu_index=index, gpu=gpu.uuid, error=error)
+                return gpu, handle
+        _log.warning("gpu_left_out", gpu_index=index, error=error)
+        return error
+
+    def _partial(self, index: int, handle: Any, error: str) -> Gpu | None:
+        """What identifies a GPU that failed a full read: None without its UUID
+        and minor number, or when MIG is on or unknown (its MIG devices, what
+        would be served, are not known)."""
+        nv = self._nv
+        gpu_uuid = informational(nv.nvmlDeviceGetUUID, handle)
+        minor = informational(nv.nvmlDeviceGetMinorNumber, handle)
+        try:
+            mig_mode = optional(nv.nvmlDeviceGetMigMode, handle)
+        except pynvml.NVMLError:
+            return None
+        if gpu_uuid is None or minor is None or _enabled(mig_mode):
+            return None
+        pci = informational(nv.nvmlDeviceGetPciInfo, handle)
+        bus_id = normal_bus_id(text(pci.busId)) if pci is not None else ""
+        name = informational(nv.nvmlDeviceGetName, handle)
+        memory = informational(nv.nvmlDeviceGetMemoryInfo, handle)
+        capability = informational(nv.nvmlDeviceGetCudaComputeCapability, handle) or (0, 0)
+        return Gpu(
+            index=index,
+            uuid=text(gpu_uuid),
+            name="" if name is None else text(name),
+            minor=int(minor),
+            memory_mib=0 if memory is None else int(memory.total) // MIB,
+            compute_capability=(int(capability[0]), int(capability[1])),
+            pci_bus_id=bus_id,
+            numa_node=read_numa_node(self._sys_root, bus_id) if bus_id else None,
+            mig_capable=mig_mode is not None,
+            read_error=error,
+        )
+
+    def _gpu(self, index: int, handle: Any, caps: dict[str, int]) -> Gpu:
+        """Every fact of one GPU; raises NVMLError or BackendError."""
+        nv = self._nv
+        bus_id = normal_bus_id(text(nv.nvmlDeviceGetPciInfo(handle).busId))
+        minor = int(nv.nvmlDeviceGetMinorNumber(handle))
+        memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // MIB
+        major, minor_cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
+        mig_mode = optional(nv.nvmlDeviceGetMigMode, handle)
+        mig_enabled = _enabled(mig_mode)
+        attributes = informational(nv.nvmlDeviceGetAttributes, handle)
+        return Gpu(
+            index=index,
+            uuid=text(nv.nvmlDeviceGetUUID(handle)),
+            name=text(nv.nvmlDeviceGetName(handle)),
+            minor=minor,
+            memory_mib=memory_mib,
+            compute_capability=(int(major), int(minor_cc)),
+            pci_bus_id=bus_id,
+            numa_node=read_numa_node(self._sys_root, bus_id),
+            brand=BRANDS.get(informational(nv.nvmlDeviceGetBrand, handle), ""),
+            architecture=ARCHITECTURES.get(informational(nv.nvmlDeviceGetArchitecture, handle), ""),
+            multiprocessors=int(attributes.multiprocessorCount) if attributes else 0,
+            mig_capable=mig_mode is not None,
+            mig_enabled=mig_enabled,
+            mig_devices=self._migs(handle, minor, memory_mib, caps) if mig_enabled else (),
+            processes=self._processes(handle),
+        )
 
     def _migs(
         self, parent: Any, minor: int, gpu_mib: int, caps: dict[str, int]
@@ -229,10 +285,11 @@ class Inventory:
 def nvlink_peers(
     gpus: Sequence[Gpu], remotes: Sequence[Sequence[str]]
 ) -> list[tuple[tuple[str, int], ...]]:
-    """(peer UUID, links) per GPU from each GPU's link remotes. A remote that is
-    a GPU is a direct link; any other remote is an NVSwitch, and two GPUs
-    reaching the same switches are joined by the fewer of their links to them."""
-    at_bus = {g.pci_bus_id: g.index for g in gpus}
+    """(peer UUID, links) per GPU from each GPU's link remotes, by position. A
+    remote that is a GPU is a direct link; any other remote is an NVSwitch, and
+    two GPUs reaching the same switches are joined by the fewer of their links
+    to them."""
+    at_bus = {g.pci_bus_id: i for i, g in enumerate(gpus) if g.pci_bus_id}
     direct = [Counter[int]() for _ in gpus]
     switched = [Counter[str]() for _ in gpus]
     for i, bus_ids in enumerate(remotes):
@@ -243,13 +300,17 @@ def nvlink_peers(
             elif peer != i:
                 direct[i][peer] += 1
     peers: list[tuple[tuple[str, int], ...]] = []
-    for a in gpus:
+    for a in range(len(gpus)):
         found = []
-        for b in gpus:
-            shared = switched[a.index].keys() & switched[b.index].keys()
-            via = min(sum(switched[g.index][s] for s in shared) for g in (a, b))
-            count = max(direct[a.index][b.index], direct[b.index][a.index]) + via
-            if b.index != a.index and count:
-                found.append((b.uuid, count))
+        for b, other in enumerate(gpus):
+            shared = switched[a].keys() & switched[b].keys()
+            via = min(sum(switched[g][s] for s in shared) for g in (a, b))
+            count = max(direct[a][b], direct[b][a]) + via
+            if b != a and count:
+                found.append((other.uuid, count))
         peers.append(tuple(found))
     return peers
+
+
+def _enabled(mig_mode: Any) -> bool:
+    return mig_mode is not None and mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
