@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -102,6 +103,23 @@ async def test_every_replica_of_a_whole_gpu_is_marked() -> None:
     assert r.node.unhealthy_ids() == r.on(r.gpu1)
     assert len(r.on(r.gpu1)) == 3
     assert all(i.startswith(f"{r.gpu1}::") for i in r.on(r.gpu1))
+
+
+async def test_a_gpu_read_only_in_part_is_unhealthy_with_no_event_until_read_in_full() -> None:
+    """The backend could not read everything about GPU 1 (its snapshot says why):
+    it is not vouched for from the moment the monitor learns of it, and a probe
+    clears it once it answers (here: the next full read)."""
+    r = await rig()
+    gpus = r.node.snapshot.gpus
+    partial = replace(gpus[1], read_error="memory: GPU is lost")
+    r.monitor.set_hardware(replace(r.node.snapshot, gpus=(gpus[0], partial)), r.node.resources)
+    assert r.node.unhealthy_ids() == r.on(r.gpu1)
+    assert r.monitor.reasons[r.gpu1].cause == LOST
+    assert "memory: GPU is lost" in r.monitor.reasons[r.gpu1].detail
+
+    r.monitor.set_hardware(r.node.snapshot, r.node.resources)  # read in full again
+    await r.after(HOLD.holddown_s)
+    assert r.node.unhealthy_ids() == set()
 
 
 async def test_a_mig_scoped_event_marks_only_that_mig_device_and_its_replicas() -> None:
