@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from gpuslice.core.devices import Gpu, MigDevice
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.resources import mig_resource_name
+from gpuslice.core.resources import layout_warnings, mig_resource_name
 from gpuslice.core.sharing import (
     GPU_RESOURCE,
     MIG_MIXED,
@@ -64,6 +64,8 @@ def resource_labels(
         labels |= _single_labels(gpus, settings.sharing, warn)
     elif strategy == MIG_MIXED:
         labels |= _mixed_labels(gpus, settings.sharing)
+        for warning in layout_warnings(gpus, strategy):
+            warn(warning)
     else:
         raise HardwareError(f"unknown MIG strategy {strategy!r}: use none, single or mixed")
     labels["nvidia.com/mig.strategy"] = strategy

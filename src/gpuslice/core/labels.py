@@ -62,7 +62,8 @@ def label_node(
     timestamp: int | None = None,
 ) -> NodeLabels:
     """node_labels() with the warnings met on the way (several GPU models, an invalid
-    single-strategy MIG layout, MPS asked for on a node with MIG enabled)."""
+    single-strategy MIG layout, an empty MIG-enabled GPU under the mixed strategy, MPS
+    asked for on a node with MIG enabled)."""
     warnings: list[str] = []
     labels: dict[str, str] = {}
     if timestamp is not None:

@@ -4,11 +4,18 @@ Follows upstream naming: whole GPUs and single-strategy MIG devices are
 nvidia.com/gpu, mixed-strategy MIG devices are nvidia.com/mig-<profile> with
 '+' turned into '.', and replicas are "<uuid>::<n>" devices under the rule's
 name or its rename. A resource with no devices is not advertised.
+
+Under the mixed strategy only GPU-instance-sized MIG profiles (compute slices
+equal GPU slices) have a resource, as upstream; a device with a smaller compute
+instance ("1c.3g.20gb") is a HardwareError, and an empty MIG-enabled GPU only
+gets a warning (layout_warnings).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice, replica_id
@@ -24,6 +31,7 @@ from gpuslice.core.sharing import (
 )
 
 RESOURCE_PREFIX = "nvidia.com/"
+_COMPUTE_SLICES = re.compile(r"\d+c\.")  # "1c." in "1c.3g.20gb"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,24 @@ def socket_name(resource_name: str) -> str:
 
 def mig_resource_name(profile: str) -> str:
     return f"{RESOURCE_PREFIX}mig-{profile.replace('+', '.')}"
+
+
+def compute_sliced(mig: MigDevice) -> bool:
+    """True when the device's compute instance is smaller than its GPU instance."""
+    return bool(_COMPUTE_SLICES.match(mig.profile)) or 0 < mig.ci_slices < mig.gi_slices
+
+
+def layout_warnings(gpus: Iterable[Gpu], strategy: str) -> tuple[str, ...]:
+    """What upstream logs, without failing, while building the resources: under the
+    mixed strategy, a MIG-enabled GPU without MIG devices."""
+    if strategy != MIG_MIXED:
+        return ()
+    return tuple(
+        f"migStrategy mixed: MIG-enabled GPU {g.index} ({g.uuid}) has no MIG devices; "
+        "nothing is advertised from it"
+        for g in gpus
+        if g.mig_enabled and not g.mig_devices
+    )
 
 
 def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> tuple[Resource, ...]:
@@ -169,9 +195,19 @@ def _base_devices(snapshot: HardwareSnapshot, strategy: str) -> dict[str, list[A
             if not gpu.mig_enabled:
                 out[GPU_RESOURCE].append(_gpu_device(gpu))
             for mig in gpu.mig_devices:
+                _require_gpu_instance_sized(gpu, mig)
                 out.setdefault(mig_resource_name(mig.profile), []).append(_mig_device(gpu, mig))
         return out
     raise HardwareError(f"unknown MIG strategy {strategy!r}: use none, single or mixed")
+
+
+def _require_gpu_instance_sized(gpu: Gpu, mig: MigDevice) -> None:
+    if compute_sliced(mig):
+        raise HardwareError(
+            f"migStrategy mixed: GPU {gpu.index} ({gpu.uuid}): MIG device {gpu.index}:{mig.index} "
+            f"({mig.uuid}) has profile {mig.profile!r}, which matches no resource pattern; only "
+            "profiles whose compute slices equal their GPU slices (such as 3g.20gb) are advertised"
+        )
 
 
 def _single_strategy(gpus: tuple[Gpu, ...]) -> list[AdvertisedDevice]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.core.devices import HealthEvent
-from gpuslice.core.health_scope import fault_scope, find_gpu, mig_scope, recovery_scope
+from gpuslice.core.health import DEFAULT_SKIPPED_XIDS
+from gpuslice.core.health_scope import (
+    GPU_WIDE_XIDS,
+    fault_scope,
+    find_gpu,
+    mig_scope,
+    recovery_scope,
+)
 from gpuslice.core.resources import build_resources
 from gpuslice.core.sharing import MIG_MIXED, MIG_NONE, ReplicaRule
 
@@ -46,8 +53,36 @@ def test_a_gpu_event_marks_the_gpu_itself() -> None:
 
 
 def test_a_mig_scoped_event_marks_only_the_mig_device_with_that_gi_and_ci() -> None:
+    """Application-level and contained faults stay on their instance, as upstream."""
     assert fault_scope(xid(GPU0, 31, "gi=2 ci=0"), SNAP) == {MIG01}
-    assert fault_scope(xid(GPU0, 48, "ecc=double-bit gi=3 ci=0"), SNAP) == {MIG02}
+    assert fault_scope(xid(GPU0, 43, "gi=2 ci=0"), SNAP) == {MIG01}
+    assert fault_scope(xid(GPU0, 94, "ecc=contained gi=3 ci=0"), SNAP) == {MIG02}
+
+
+@pytest.mark.parametrize("code", sorted(GPU_WIDE_XIDS))
+def test_a_gpu_wide_xid_marks_the_whole_gpu_whatever_instance_it_names(code: int) -> None:
+    """Off the bus, uncontained ECC, GSP and the other fatal XIDs take every MIG device
+    and replica of the GPU with them, even when the event names one instance."""
+    assert fault_scope(xid(GPU0, code, "gi=2 ci=0"), SNAP) == {GPU0}
+    assert fault_scope(xid(GPU0, code, "gi=9 ci=0"), SNAP) == {GPU0}
+    assert fault_scope(xid(MIG02, code), SNAP) == {GPU0}
+
+
+def test_a_gpu_wide_xid_covers_every_advertised_device_of_the_gpu() -> None:
+    rules = (ReplicaRule("nvidia.com/mig-1g.5gb", 3), ReplicaRule("nvidia.com/gpu", 2))
+    resources = build_resources(SNAP, b.settings(MIG_MIXED, *rules))
+    served = {d.physical_id for r in resources for d in r.devices}
+    marked = fault_scope(xid(GPU0, 79, "gi=2 ci=0"), SNAP, served)
+    hit = {d.id for r in resources for d in r.devices if {d.gpu_uuid, d.physical_id} & marked}
+    on_gpu0 = {d.id for r in resources for d in r.devices if d.gpu_uuid == GPU0}
+    assert hit == on_gpu0
+    assert len(on_gpu0) == 2 * 3 + 1  # two 1g.5gb devices x 3 replicas, one 2g.10gb
+
+
+def test_the_gpu_wide_set_is_the_fatal_list_and_can_be_narrowed() -> None:
+    assert {48, 62, 64, 74, 79, 92, 95, 119, 120, 140} <= GPU_WIDE_XIDS
+    assert not DEFAULT_SKIPPED_XIDS & GPU_WIDE_XIDS
+    assert fault_scope(xid(GPU0, 79, "gi=2 ci=0"), SNAP, gpu_wide=()) == {MIG01}
 
 
 def test_a_mig_scoped_event_for_an_unknown_instance_marks_nothing() -> None:
@@ -84,7 +119,7 @@ def test_lost_marks_the_gpu_and_ignores_instance_ids() -> None:
 
 
 def test_an_event_naming_a_mig_device_marks_that_device() -> None:
-    assert fault_scope(xid(MIG02), SNAP) == {MIG02}
+    assert fault_scope(xid(MIG02, 94), SNAP) == {MIG02}
     assert find_gpu(SNAP, MIG02) == SNAP.gpus[0]
 
 

@@ -1,7 +1,8 @@
 """Golden label files: every built-in profile under the configs users run, label by label.
 
 Each golden/<case>.labels holds the node's labels as `key=value` lines, sorted, with the
-timestamp fixed. After a deliberate change, regenerate them with
+timestamp fixed. A case whose layout no built-in profile has reads a node file from
+golden/nodes/. After a deliberate change, regenerate them with
 
     PYTHONPATH=src .venv/bin/python tests/unit/core/test_labels_golden.py
 
@@ -23,17 +24,26 @@ from gpuslice.core.sharing import ResourceSettings
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
+NODES = GOLDEN / "nodes"
 EXAMPLES = HERE.parents[2] / "examples"
 TIMESTAMP = 1700000000
 
-# case -> (built-in profile, example config or None for the defaults, ConfigMap entry)
+# case -> (built-in profile or node file, example config or None for the defaults,
+# ConfigMap entry)
 CASES: dict[str, tuple[str, str | None, str | None]] = {
     "t4": ("t4", None, None),
     "t4x4-time-slicing": ("t4x4", "time-slicing.yaml", None),
     "t4x4-time-slicing-renamed": ("t4x4", "time-slicing-renamed.yaml", None),
     "dgx-a100": ("dgx-a100", None, None),
+    "a100-40gb": ("a100-40gb", None, None),
     "a100-40gb-mig-mixed": ("a100-40gb-mig-mixed", "time-slicing-configmap.yaml", "a100-40gb"),
     "a100-40gb-mig-single": ("a100-40gb-mig-single", "mig-single.yaml", None),
+    # Two MIG profiles under migStrategy single: gpu.* reads MIG-INVALID.
+    "a100-40gb-mig-single-invalid": (
+        str(NODES / "a100-40gb-mig-two-profiles.yaml"),
+        "mig-single.yaml",
+        None,
+    ),
     # MIG-enabled GPUs under migStrategy none: listed as full GPUs, replicas 0, not shared.
     "a100-40gb-mig-single-none-time-slicing": ("a100-40gb-mig-single", "time-slicing.yaml", None),
     "h100-80gb": ("h100-80gb", None, None),

@@ -240,6 +240,18 @@ def test_mixed_ignores_mig_enabled_gpus_without_mig_devices() -> None:
     assert base(got) == ("NVIDIA-A100-SXM4-40GB", "2", "1", "none")
 
 
+def test_mixed_warns_about_a_mig_enabled_gpu_without_mig_devices() -> None:
+    """Upstream logs a warning for it; ours reaches label_node's warnings, which
+    `gpuslice inspect` reports and the labeller logs."""
+    result = label_node(b.snapshot(b.gpu(0, mig_enabled=True), b.gpu(1)), b.settings(MIG_MIXED))
+    assert result.warnings == (
+        f"migStrategy mixed: MIG-enabled GPU 0 ({b.gpu_uuid(0)}) has no MIG devices; "
+        "nothing is advertised from it",
+    )
+    full = label_node(b.snapshot(b.gpu(0, profiles=["1g.5gb"]), b.gpu(1)), b.settings(MIG_MIXED))
+    assert full.warnings == ()
+
+
 def test_none_strategy_has_no_mig_labels() -> None:
     got = labels(MIG_NONE, with_migs(0, a100_mig(0, 0, "1g.5gb", 1, 1)))
     assert "nvidia.com/mig.strategy" not in got

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.core.devices import physical_id, replica_id
+from gpuslice.core.devices import Gpu, physical_id, replica_id
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.resources import Resource, build_resources, socket_name
+from gpuslice.core.resources import Resource, build_resources, layout_warnings, socket_name
 from gpuslice.core.sharing import (
     GPU_RESOURCE,
     MIG_MIXED,
@@ -117,6 +119,47 @@ def test_mixed_strategy_accepts_an_empty_mig_gpu_and_skips_it() -> None:
     got = b.build(MIG_MIXED, b.gpu(0), b.gpu(1, profiles=[]), b.gpu(2, profiles=["1g.5gb"]))
     assert ids(got[GPU_RESOURCE]) == [b.gpu_uuid(0)]
     assert ids(got["nvidia.com/mig-1g.5gb"]) == [b.mig_uuid(2, 0)]
+
+
+def with_compute_sliced(gpu_index: int, profile: str = "1c.3g.20gb", ci_slices: int = 0) -> Gpu:
+    """GPU `gpu_index` with a 1g.5gb device and a device of `profile` (slices 3, ci_slices)."""
+    small = replace(b.mig(gpu_index, 1, profile), gi_slices=3, ci_slices=ci_slices)
+    gpu = b.gpu(gpu_index, profiles=["1g.5gb"])
+    return replace(gpu, mig_devices=(*gpu.mig_devices, small))
+
+
+@pytest.mark.parametrize(
+    ("profile", "ci_slices"), [("1c.3g.20gb", 1), ("1c.3g.20gb", 0), ("3g.20gb", 1)]
+)
+def test_mixed_strategy_rejects_a_compute_instance_smaller_than_its_gpu_instance(
+    profile: str, ci_slices: int
+) -> None:
+    """Upstream's mixed patterns are GPU-instance-sized profiles only, so such a
+    device matches none and building fails, naming the GPU, the device and its profile."""
+    with pytest.raises(HardwareError) as caught:
+        b.build(MIG_MIXED, b.gpu(0), with_compute_sliced(1, profile, ci_slices))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"GPU 1 ({b.gpu_uuid(1)})" in message
+    assert f"MIG device 1:1 ({b.mig_uuid(1, 1)})" in message
+    assert f"profile {profile!r}, which matches no resource pattern" in message
+
+
+def test_single_strategy_accepts_a_compute_sliced_profile_as_upstream_does() -> None:
+    """Upstream's single pattern is "*", so a uniform 1c.3g.20gb node is served."""
+    gpu = b.gpu(0, profiles=["1c.3g.20gb", "1c.3g.20gb"])
+    assert ids(b.build(MIG_SINGLE, gpu)[GPU_RESOURCE]) == [b.mig_uuid(0, 0), b.mig_uuid(0, 1)]
+
+
+def test_mixed_strategy_warns_about_an_empty_mig_enabled_gpu() -> None:
+    gpus = (b.gpu(0), b.gpu(1, profiles=[]), b.gpu(2, profiles=["1g.5gb"]))
+    assert layout_warnings(gpus, MIG_MIXED) == (
+        f"migStrategy mixed: MIG-enabled GPU 1 ({b.gpu_uuid(1)}) has no MIG devices; "
+        "nothing is advertised from it",
+    )
+    assert layout_warnings(gpus[::2], MIG_MIXED) == ()
+    assert layout_warnings(gpus, MIG_NONE) == ()  # served whole
+    assert layout_warnings(gpus, MIG_SINGLE) == ()  # an error there (build_resources)
 
 
 def test_mixed_strategy_on_all_mig_node_advertises_no_gpu_resource() -> None:
