@@ -3,8 +3,10 @@ agent launcher that stops every agent it started."""
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from typing import Any
 
 import pytest
 import structlog
@@ -72,3 +74,14 @@ async def processes() -> AsyncIterator[list[AgentProcess]]:
     finally:
         for proc in started:
             await proc.kill()
+
+
+Logged = list[MutableMapping[str, Any]]
+
+
+@pytest.fixture
+def logged() -> Iterator[Logged]:
+    """Every log entry from info up (quiet_logs restores the log config after)."""
+    with structlog.testing.capture_logs() as entries:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+        yield entries

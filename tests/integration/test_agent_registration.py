@@ -4,6 +4,7 @@ count, options, health and NUMA topology, as the kubelet stand-in sees it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from agent_harness import (
@@ -15,6 +16,7 @@ from agent_harness import (
     registrations,
     serving,
 )
+from conftest import Logged
 
 from gpuslice.adapters.kubelet.api import API_VERSION
 from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
@@ -169,3 +171,23 @@ async def test_mps_root_from_env_overrides_the_file(
     await running.registered(kubelet)
     (admitted,) = await kubelet.admit("mps-pod", {"main": {GPU: 1}})
     assert Mount("/dev/shm", "/srv/mps/shm") in admitted.allocation.mounts
+
+
+async def test_a_mig_enabled_gpu_without_mig_devices_is_served_around_with_a_warning(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path, logged: Logged
+) -> None:
+    """mixed strategy: GPU 0 has MIG on and no MIG devices, GPU 1 two 3g.20gb. The
+    node is served (GPU 0 advertises nothing), and the log says why, as upstream."""
+    node = tmp_path / "node.yaml"
+    node.write_text(
+        "name: half-configured\ngpus:\n"
+        "  - {model: a100-40gb, mig_enabled: true, mig_devices: []}\n"
+        "  - model: a100-40gb\n    mig_enabled: true\n"
+        "    mig_devices: [{profile: 3g.20gb, gi: 1}, {profile: 3g.20gb, gi: 2}]\n"
+    )
+    running = await launcher.start(str(node), flags={"mig-strategy": "mixed"})
+    await running.registered(kubelet)
+    assert running.served == {"nvidia.com/mig-3g.20gb": 2}
+    (warning,) = [e for e in logged if e["event"] == "hardware_layout_warning"]
+    assert warning["detail"].startswith("migStrategy mixed: MIG-enabled GPU 0 (GPU-")
+    assert warning["detail"].endswith("has no MIG devices; nothing is advertised from it")

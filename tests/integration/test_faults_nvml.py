@@ -7,15 +7,12 @@ every GPU until each answers a probe."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
-from collections.abc import Iterator, MutableMapping
-from typing import Any
 
 import pytest
-import structlog
 from agent_harness import EXAMPLES, GPU, RunningAgent, gpus_of, registrations, serving
+from conftest import Logged
 from faults_harness import (
     Census,
     FaultLauncher,
@@ -31,16 +28,7 @@ from gpuslice.core.errors import BackendError
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.agent import AgentDeps
 
-Logged = list[MutableMapping[str, Any]]
 FAST_RECOVERY = {"GPUSLICE_HEALTH_HOLDDOWN": "50ms", "GPUSLICE_HEALTH_MAX_FLAPS": "100"}
-
-
-@pytest.fixture
-def logged() -> Iterator[Logged]:
-    """Every log entry from info up (the conftest restores the log config after)."""
-    with structlog.testing.capture_logs() as entries:
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-        yield entries
 
 
 async def _flaky(

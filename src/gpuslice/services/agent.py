@@ -22,7 +22,7 @@ from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.health_state import RecoveryPolicy
 from gpuslice.core.ports import GpuBackend
-from gpuslice.core.resources import Resource, build_resources
+from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.topology import Topology
@@ -187,6 +187,8 @@ class Agent:
         assert self._backend is not None
         snapshot = await self._call(self._backend.snapshot)
         resources = build_resources(snapshot, settings.resources)  # raises HardwareError
+        for warning in layout_warnings(snapshot.gpus, settings.resources.mig_strategy):
+            log.warning("hardware_layout_warning", detail=warning)
         self._settings, self._snapshot = settings, snapshot
         topology = Topology.from_snapshot(snapshot)
         await self.manager.apply(resources, settings.allocate, topology)
