@@ -9,13 +9,13 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from gpuslice import __version__
-from gpuslice.config.flags import FLAGS
+from gpuslice.config.flags import FLAGS, GfdEnv, check_settings
 from gpuslice.core.errors import GpusliceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,8 +59,10 @@ def hardware_options(fn: F) -> F:
     )(fn)
 
 
-def run_options(ctx: click.Context, params: dict[str, Any]) -> Any:
-    """RunOptions from the parsed command line: only explicitly given flags count."""
+def run_options(ctx: click.Context, params: dict[str, Any], *, labeller: bool = False) -> Any:
+    """RunOptions from the parsed command line: only explicitly given flags count. The
+    labeller alone reads GFD_ env vars before their unprefixed names, as GFD does. A bad
+    setting ends the command with its one-line error."""
     from gpuslice.wiring import RunOptions
 
     given = {
@@ -70,16 +72,21 @@ def run_options(ctx: click.Context, params: dict[str, Any]) -> Any:
         and v is not None
         and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
     }
+    env = GfdEnv(os.environ) if labeller else dict(os.environ)
+    try:
+        check_settings(given, env)
+    except GpusliceError as exc:
+        fail(exc)
     return RunOptions(
         cli_values=given,
-        env=dict(os.environ),
+        env=env,
         config_name=params.get("config_name"),
         fake_hardware=params.get("fake_hardware"),
         fake_events=params.get("fake_events"),
     )
 
 
-def fail(exc: Exception) -> None:
+def fail(exc: Exception) -> NoReturn:
     click.echo(f"gpuslice: error: {exc}", err=True)
     sys.exit(1)
 
@@ -150,7 +157,7 @@ def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any
     """
     from gpuslice.labels_cmd import run_labels
 
-    opts = run_options(ctx, params)
+    opts = run_options(ctx, params, labeller=True)
     start_logs(opts, log_level, log_format)
     try:
         asyncio.run(_until_signalled(run_labels, opts))
@@ -213,19 +220,28 @@ def config() -> None:
 
 
 @config.command("validate")
-@click.argument("file", type=click.Path(dir_okay=True))
-@click.option("--config-name", metavar="NAME", help="the entry to check in a ConfigMap manifest")
-def validate(file: str, config_name: str | None) -> None:
-    """Check a config file, ConfigMap manifest or mounted ConfigMap directory."""
-    from gpuslice.config.loader import load_all
+@click.argument("path", type=click.Path(dir_okay=True))
+@click.option("--config-name", metavar="NAME", help="the one config to check (an entry or file)")
+def validate(path: str, config_name: str | None) -> None:
+    """Check a config file, ConfigMap manifest or mounted ConfigMap directory.
+
+    Every config in it is checked; each bad one gets one error line naming it (its first
+    problem), and the command exits 1 when any is bad.
+    """
+    from gpuslice.config.loader import load_each
     from gpuslice.config.summary import describe
 
     try:
-        configs = load_all(file, name=config_name)
+        results = load_each(path, name=config_name)
     except GpusliceError as exc:
         fail(exc)
-    for loaded in configs:
-        for warning in loaded.warnings:
-            click.echo(f"warning: {loaded.source}: {warning}", err=True)
-        click.echo(f"{loaded.source or file}: valid")
-        click.echo(describe(loaded.config))
+    for result in results:
+        if isinstance(result, GpusliceError):
+            click.echo(f"gpuslice: error: {result}", err=True)
+            continue
+        for warning in result.warnings:  # each already names its config
+            click.echo(f"warning: {warning}", err=True)
+        click.echo(f"{result.source or path}: valid")
+        click.echo(describe(result.config))
+    if any(isinstance(result, GpusliceError) for result in results):
+        sys.exit(1)

@@ -15,7 +15,7 @@ from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.adapters.nfd_file import FeatureFile
 from gpuslice.adapters.status_http import StatusServer
-from gpuslice.config.checks import duration_seconds
+from gpuslice.config.checks import duration_seconds, show
 from gpuslice.config.convert import allocate_options, resource_settings
 from gpuslice.config.flags import FLAGS_BY_NAME, resolve, setting, with_defaults
 from gpuslice.config.loader import LoadedConfig, load_config_file
@@ -59,9 +59,18 @@ class RunOptions:
 
     @property
     def config_dir(self) -> str:
-        """The mounted ConfigMap directory of per-node configs, if any."""
+        """The mounted ConfigMap directory of per-node configs, if any. Raises ConfigError
+        when a config name is given too: there the node label or default picks it."""
         path = self.get("config-file")
-        return self.get("config-file-srcdir") or (path if path and os.path.isdir(path) else "")
+        found = self.get("config-file-srcdir") or (path if path and os.path.isdir(path) else "")
+        if found and self.config_name is not None:
+            label = self.get("node-label")
+            raise ConfigError(
+                f"--config-name {show(self.config_name)}: not used with the per-node configs of "
+                f"{found}; name the config with --default-config (DEFAULT_CONFIG) or the node "
+                f"label {label}"
+            )
+        return found
 
 
 def effective_config(opts: RunOptions) -> LoadedConfig:

@@ -8,6 +8,7 @@ and hands the explicitly given ones to resolve() as strings.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, reduce
@@ -23,6 +24,7 @@ from gpuslice.config.checks import (
     MIG_STRATEGIES,
     FieldError,
     show,
+    suggest,
 )
 from gpuslice.config.decode import config_error
 from gpuslice.config.v1 import Config
@@ -34,18 +36,21 @@ BOOL = "bool"
 STRING = "string"
 LIST = "list"  # comma-separated strings
 INT_LIST = "int-list"  # comma-separated integers
+NUMBER = "number"  # a decimal number >= 0
+COUNT = "count"  # an integer >= 0
 
 TRUE_WORDS = ("true", "1", "yes")
 FALSE_WORDS = ("false", "0", "no")
 KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
-FlagValue = str | bool | tuple[str, ...] | tuple[int, ...] | None
+FlagValue = str | bool | int | float | tuple[str, ...] | tuple[int, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Flag:
     name: str  # the long option without dashes; also the key of resolve()'s cli_values
-    env: tuple[str, ...]  # env vars read when the flag is not given; the first one set wins
+    env: tuple[str, ...]  # env vars read when the flag is not given; the first set wins
+    # (the plugin's order; GfdEnv reads GFD_ names first, as GPU Feature Discovery does)
     key: str | None  # where the value lands in the config file; None: not a config setting
     default: FlagValue  # None: unset (nvidiaDevRoot then falls back to nvidiaDriverRoot)
     help: str
@@ -73,7 +78,9 @@ class Flag:
             return "true" if value else "false"
         if isinstance(value, tuple):
             return ",".join(str(v) for v in value)
-        return value or ""
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value) if isinstance(value, int) else value or ""
 
 
 def _flag(name: str, env: str, key: str | None, default: FlagValue, help: str, **kw: Any) -> Flag:
@@ -84,7 +91,8 @@ def _flag(name: str, env: str, key: str | None, default: FlagValue, help: str, *
 FLAGS: tuple[Flag, ...] = (
     _flag("mig-strategy", "MIG_STRATEGY GFD_MIG_STRATEGY", "flags.migStrategy", "none",
           "how MIG devices are advertised", choices=MIG_STRATEGIES),
-    _flag("fail-on-init-error", "FAIL_ON_INIT_ERROR", "flags.failOnInitError", True,
+    _flag("fail-on-init-error", "FAIL_ON_INIT_ERROR GFD_FAIL_ON_INIT_ERROR",
+          "flags.failOnInitError", True,
           "exit when NVML cannot start (false: advertise nothing and wait)", kind=BOOL),
     _flag("mps-root", "MPS_ROOT", "flags.mpsRoot", "",
           "host directory of the MPS control daemons' pipes and logs"),
@@ -142,6 +150,12 @@ FLAGS: tuple[Flag, ...] = (
           "config file, ConfigMap manifest or mounted ConfigMap directory"),
     _flag("kubelet-socket", "KUBELET_SOCKET", None, KUBELET_SOCKET,
           "kubelet registration socket (empty: do not register)"),
+    _flag("cdi-feature-flags", "CDI_FEATURE_FLAGS", None, (),
+          "feature flags for CDI spec generation (comma-separated; accepted, no effect: "
+          "no CDI specs are generated)", kind=LIST),
+    _flag("cdi-disable-hooks", "CDI_DISABLE_HOOKS", None, (),
+          "hooks left out of generated CDI specs, or all (comma-separated; accepted, no "
+          "effect: no CDI specs are generated)", kind=LIST),
     _flag("node-name", "NODE_NAME", None, "",
           "this node's name (labels, per-node config, events)"),
     _flag("node-label", "NODE_LABEL", None, DEFAULT_LABEL,
@@ -157,6 +171,12 @@ FLAGS: tuple[Flag, ...] = (
           "namespace of the NodeFeature object and Events"),
     _flag("kubeconfig", "KUBECONFIG", None, "",
           "kubeconfig file (empty: in-cluster config)"),
+    _flag("kube-api-qps", "KUBE_API_QPS", None, 5.0,
+          "Kubernetes API queries per second (accepted, no effect)", kind=NUMBER),
+    _flag("kube-api-burst", "KUBE_API_BURST", None, 10,
+          "Kubernetes API request burst (accepted, no effect)", kind=COUNT),
+    _flag("pod-name", "POD_NAME", None, "",
+          "this pod's name: owner of the NodeFeature object (set from the downward API)"),
     _flag("labels", "GPUSLICE_LABELS", None, "auto",
           "publish node labels beside the plugin: auto (when in a cluster), true or false",
           choices=("auto", "true", "false")),
@@ -166,6 +186,19 @@ FLAGS: tuple[Flag, ...] = (
 # fmt: on
 
 FLAGS_BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+_EXPECTED_KIND = {
+    BOOL: "true or false (1/0, yes/no)",
+    INT_LIST: "comma-separated integers",
+    NUMBER: "a number of 0 or more, such as 5 or 2.5",
+    COUNT: "an integer of 0 or more",
+}
+
+
+class GfdEnv(dict[str, str]):
+    """The environment as GPU Feature Discovery reads it: a flag's GFD_-prefixed variable
+    before its other names (GFD_MIG_STRATEGY before MIG_STRATEGY). The plugin reads the
+    unprefixed names first; upstream's plugin has no GFD_ names at all."""
 
 
 def resolve(config: Config, cli_values: Mapping[str, str], env: Mapping[str, str]) -> Config:
@@ -199,28 +232,56 @@ def setting(name: str, cli_values: Mapping[str, str], env: Mapping[str, str]) ->
     return given[1] if given is not None else flag.default_text
 
 
+def check_settings(cli_values: Mapping[str, str], env: Mapping[str, str]) -> dict[str, FlagValue]:
+    """Every setting that is not stored in the config, parsed and checked: the value given,
+    else the default. Raises ConfigError naming the flag or env var."""
+    values: dict[str, FlagValue] = {}
+    for flag in FLAGS:
+        if flag.key is not None:
+            continue
+        given = _given(flag, cli_values, env)
+        if given is None:
+            values[flag.name] = flag.default
+            continue
+        origin, text = given
+        value = _parse(flag, origin, text)
+        for item in value if isinstance(value, tuple) else (value,):
+            if flag.choices and item not in flag.choices:
+                hint = suggest(str(item), flag.choices)
+                allowed = "one of " + ", ".join(flag.choices)
+                allowed += f" (did you mean {hint}?)" if hint else ""
+                raise config_error(origin, "", f"got {show(item)}; expected {allowed}")
+        values[flag.name] = value
+    return values
+
+
 def _given(
     flag: Flag, cli_values: Mapping[str, str], env: Mapping[str, str]
 ) -> tuple[str, str] | None:
     """(origin, text) of an explicit value: the CLI flag, else the first env var set."""
     if flag.name in cli_values:
         return f"--{flag.name}", cli_values[flag.name]
-    return next(((f"env {var}", env[var]) for var in flag.env if var in env), None)
+    names = flag.env
+    if isinstance(env, GfdEnv):
+        names = tuple(sorted(names, key=lambda var: not var.startswith("GFD_")))
+    return next(((f"env {var}", env[var]) for var in names if var in env), None)
 
 
 def _parse(flag: Flag, origin: str, text: str) -> FlagValue:
-    if flag.kind == BOOL:
-        word = text.strip().lower()
-        if word in TRUE_WORDS + FALSE_WORDS:
-            return word in TRUE_WORDS
-        raise config_error(origin, "", f"got {show(text)}; expected true or false (1/0, yes/no)")
+    word = text.strip()
+    if flag.kind == BOOL and word.lower() in TRUE_WORDS + FALSE_WORDS:
+        return word.lower() in TRUE_WORDS
+    if flag.kind == NUMBER and _NUMBER.fullmatch(word):
+        return float(word)
+    if flag.kind == COUNT and word.isascii() and word.isdigit():
+        return int(word)
     items = tuple(part.strip() for part in text.split(",") if part.strip())
     if flag.kind == LIST:
         return items
-    if flag.kind == INT_LIST:
-        if all(item.isascii() and item.isdigit() for item in items):
-            return tuple(int(item) for item in items)
-        raise config_error(origin, "", f"got {show(text)}; expected comma-separated integers")
+    if flag.kind == INT_LIST and all(item.isascii() and item.isdigit() for item in items):
+        return tuple(int(item) for item in items)
+    if flag.kind in _EXPECTED_KIND:
+        raise config_error(origin, "", f"got {show(text)}; expected {_EXPECTED_KIND[flag.kind]}")
     return text
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import find_entry
 
 MAX_BYTES = 1 << 20  # what a ConfigMap can hold; anything larger is not a config
+_NO_FILES = "holds no config files (entries starting with .. and subdirectories are skipped)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +78,22 @@ def config_dir_entries(path: str | os.PathLike[str]) -> dict[str, Path]:
 
 def load_config_dir(path: str | os.PathLike[str]) -> dict[str, LoadedConfig]:
     """Every config of a mounted ConfigMap directory, by file name."""
-    return {n: replace(load_config_file(f), name=n) for n, f in config_dir_entries(path).items()}
+    return {n: _load_dir_file(n, f) for n, f in config_dir_entries(path).items()}
 
 
 def select_config_name(available: Iterable[str], wanted: str | None, *, source: str) -> str:
     """The entry `wanted` names: exact, or a file name without its extension (a100 ->
     a100.yaml). With no name, the only entry. Raises listing what is available."""
     names = sorted(available)
-    listing = ", ".join(names) or "none"
+    if not names:
+        raise config_error(source, "", _NO_FILES)
     if wanted is None:
         if len(names) == 1:
             return names[0]
-        count = f"{len(names)} configs ({listing})" if names else "no configs"
-        raise config_error(source, "", f"holds {count}; name the one to use")
+        listing = ", ".join(names)
+        raise config_error(
+            source, "", f"holds {len(names)} configs ({listing}); name the one to use"
+        )
     try:
         return find_entry(wanted, names)
     except ConfigError as exc:
@@ -190,15 +195,33 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_all(path: str | os.PathLike[str], *, name: str | None = None) -> list[LoadedConfig]:
-    """Every config a file or directory holds (only `name` when given): what
-    `gpuslice config validate` checks."""
+def load_each(
+    path: str | os.PathLike[str], *, name: str | None = None
+) -> list[LoadedConfig | ConfigError]:
+    """Every config a file or directory holds (only `name` when given), each loaded as the
+    agent would load it, or the error that refuses it: what `gpuslice config validate`
+    checks. Raises ConfigError when the path itself holds nothing to check."""
     where = Path(path)
     if name is not None:
-        return [load_config_file(where, name=name)]
+        return [_attempt(partial(load_config_file, where, name=name))]
     if where.is_dir():
-        return list(load_config_dir(where).values())
+        files = config_dir_entries(where)
+        if not files:
+            raise config_error(str(where), "", _NO_FILES)
+        return [_attempt(partial(_load_dir_file, n, f)) for n, f in files.items()]
     text = _read(where)
-    if _configmap_entries(_parse(text, str(where)), str(where)) is None:
-        return [load_config(text, source=str(where))]
-    return list(load_configmap(text, source=str(where)).values())
+    entries = _configmap_entries(_parse(text, str(where)), str(where))
+    if entries is None:
+        return [_attempt(partial(load_config, text, source=str(where)))]
+    return [_attempt(partial(_load_entry, entries, key, str(where))) for key in entries]
+
+
+def _load_dir_file(name: str, path: Path) -> LoadedConfig:
+    return replace(load_config_file(path), name=name)
+
+
+def _attempt(load: Callable[[], LoadedConfig]) -> LoadedConfig | ConfigError:
+    try:
+        return load()
+    except ConfigError as exc:
+        return exc

@@ -10,6 +10,8 @@ from gpuslice.config.flags import (
     FLAGS,
     FLAGS_BY_NAME,
     KUBELET_SOCKET,
+    GfdEnv,
+    check_settings,
     resolve,
     setting,
     with_defaults,
@@ -233,6 +235,117 @@ def test_config_file_reads_both_env_names() -> None:
     assert setting("config-file", {}, {"CONFIG_FILE": "/c", "GFD_CONFIG_FILE": "/g"}) == "/c"
 
 
+# ---- GPU Feature Discovery reads its GFD_ names first; the plugin its unprefixed ones
+
+
+@pytest.mark.parametrize(
+    ("name", "gfd_var", "var", "gfd_value", "value"),
+    [
+        ("mig-strategy", "GFD_MIG_STRATEGY", "MIG_STRATEGY", "mixed", "single"),
+        ("fail-on-init-error", "GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR", "false", "true"),
+        ("use-node-feature-api", "GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API", "false",
+         "true"),
+    ],
+)  # fmt: skip
+def test_labeller_env_reads_the_gfd_name_first(
+    name: str, gfd_var: str, var: str, gfd_value: str, value: str
+) -> None:
+    env = {gfd_var: gfd_value, var: value}
+    attrs = {
+        "mig-strategy": lambda c: c.flags.mig_strategy,
+        "fail-on-init-error": lambda c: str(c.flags.fail_on_init_error).lower(),
+        "use-node-feature-api": lambda c: str(c.flags.use_node_feature_api).lower(),
+    }[name]
+    assert attrs(resolve(Config(), {}, GfdEnv(env))) == gfd_value
+    assert attrs(resolve(Config(), {"mig-strategy": "none"}, GfdEnv(env))) == (
+        "none" if name == "mig-strategy" else gfd_value
+    )
+
+
+def test_plugin_env_reads_the_unprefixed_name_first() -> None:
+    env = {"GFD_MIG_STRATEGY": "mixed", "MIG_STRATEGY": "single", "GFD_FAIL_ON_INIT_ERROR": "0"}
+    resolved = resolve(Config(), {}, env)
+    assert resolved.flags.mig_strategy == "single"
+    assert resolved.flags.fail_on_init_error is False  # the GFD_ name is still read alone
+
+
+def test_labeller_config_file_reads_gfd_config_file_first() -> None:
+    env = {"CONFIG_FILE": "/c", "GFD_CONFIG_FILE": "/g"}
+    assert setting("config-file", {}, GfdEnv(env)) == "/g"
+    assert setting("config-file", {}, env) == "/c"
+
+
+def test_a_bad_gfd_value_is_named_as_the_gfd_variable() -> None:
+    env = GfdEnv({"GFD_MIG_STRATEGY": "both", "MIG_STRATEGY": "none"})
+    with pytest.raises(ConfigError, match=r"^env GFD_MIG_STRATEGY: got"):
+        resolve(Config(), {}, env)
+
+
+# ---- settings that are not in the config, checked
+
+
+def test_settings_defaults() -> None:
+    values = check_settings({}, {})
+    assert values["cdi-feature-flags"] == ()
+    assert values["cdi-disable-hooks"] == ()
+    assert values["kube-api-qps"] == 5.0
+    assert values["kube-api-burst"] == 10
+    assert values["pod-name"] == ""
+    assert values["kubelet-socket"] == KUBELET_SOCKET
+
+
+def test_settings_given_are_parsed() -> None:
+    values = check_settings(
+        {"cdi-disable-hooks": "all", "kube-api-qps": "2.5"},
+        {
+            "CDI_FEATURE_FLAGS": "a,b",
+            "KUBE_API_BURST": "20",
+            "POD_NAME": "gfd-x",
+            "FALLBACK_STRATEGIES": "named, empty",
+        },
+    )
+    assert values["cdi-feature-flags"] == ("a", "b")
+    assert values["cdi-disable-hooks"] == ("all",)
+    assert values["kube-api-qps"] == 2.5
+    assert values["kube-api-burst"] == 20
+    assert values["pod-name"] == "gfd-x"
+    assert values["fallback-strategies"] == ("named", "empty")
+    assert setting("pod-name", {}, {"POD_NAME": "gfd-x"}) == "gfd-x"
+
+
+def test_new_flags_help_and_defaults_text() -> None:
+    assert FLAGS_BY_NAME["kube-api-qps"].default_text == "5"
+    assert FLAGS_BY_NAME["kube-api-burst"].default_text == "10"
+    assert FLAGS_BY_NAME["cdi-feature-flags"].default_text == ""
+    assert "no effect" in FLAGS_BY_NAME["cdi-disable-hooks"].help
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "message"),
+    [
+        ({"kube-api-qps": "fast"}, {},
+         '--kube-api-qps: got "fast"; expected a number of 0 or more, such as 5 or 2.5'),
+        ({}, {"KUBE_API_QPS": "-1"},
+         'env KUBE_API_QPS: got "-1"; expected a number of 0 or more, such as 5 or 2.5'),
+        ({}, {"KUBE_API_QPS": "nan"},
+         'env KUBE_API_QPS: got "nan"; expected a number of 0 or more, such as 5 or 2.5'),
+        ({}, {"KUBE_API_BURST": "1.5"},
+         'env KUBE_API_BURST: got "1.5"; expected an integer of 0 or more'),
+        ({"kube-api-burst": ""}, {}, '--kube-api-burst: got ""; expected an integer of 0 or more'),
+        ({}, {"FALLBACK_STRATEGIES": "named,singel"},
+         'env FALLBACK_STRATEGIES: got "singel"; expected one of named, single, empty '
+         "(did you mean single?)"),
+        ({"labels": "maybe"}, {}, '--labels: got "maybe"; expected one of auto, true, false'),
+    ],
+)  # fmt: skip
+def test_bad_settings_name_their_flag_or_env_var(
+    cli: dict[str, str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_settings(cli, env)
+    assert str(caught.value) == message
+
+
 # ---- the table itself
 
 
@@ -266,6 +379,8 @@ UPSTREAM = {
     "use-node-feature-api": ("GFD_USE_NODE_FEATURE_API", "flags.useNodeFeatureAPI"),
     "config-file": ("CONFIG_FILE", None),
     "kubelet-socket": ("KUBELET_SOCKET", None),
+    "cdi-feature-flags": ("CDI_FEATURE_FLAGS", None),
+    "cdi-disable-hooks": ("CDI_DISABLE_HOOKS", None),
     # config-manager's and GFD's
     "node-name": ("NODE_NAME", None),
     "node-label": ("NODE_LABEL", None),
@@ -274,6 +389,9 @@ UPSTREAM = {
     "fallback-strategies": ("FALLBACK_STRATEGIES", None),
     "namespace": ("NAMESPACE", None),
     "kubeconfig": ("KUBECONFIG", None),
+    "kube-api-qps": ("KUBE_API_QPS", None),
+    "kube-api-burst": ("KUBE_API_BURST", None),
+    "pod-name": ("POD_NAME", None),
     # ours
     "labels": ("GPUSLICE_LABELS", None),
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),

@@ -162,10 +162,10 @@ def test_name_matching_two_extensions_is_ambiguous() -> None:
     )
 
 
-def test_nothing_to_choose_from() -> None:
-    assert (
-        error(select_config_name, [], None, source="d")
-        == "d: holds no configs; name the one to use"
+@pytest.mark.parametrize("wanted", [None, "a100"])
+def test_nothing_to_choose_from(wanted: str | None) -> None:
+    assert error(select_config_name, [], wanted, source="d") == (
+        "d: holds no config files (entries starting with .. and subdirectories are skipped)"
     )
 
 
