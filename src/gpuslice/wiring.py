@@ -191,7 +191,7 @@ def node_api(opts: RunOptions) -> NodeApi | None:
 
     return KubeNodeApi(
         kubeconfig=kubeconfig or None,
-        pod_name=opts.env.get("POD_NAME") or None,
+        pod_name=opts.get("pod-name") or None,
         event_namespace=opts.get("namespace"),
     )
 
