@@ -7,7 +7,6 @@ warm-up run goes first and the measured run is compared with the state after it.
 from __future__ import annotations
 
 import os
-import threading
 
 from agent_harness import (
     EXAMPLES,
@@ -17,6 +16,7 @@ from agent_harness import (
     remove_dir,
     short_dir,
 )
+from faults_harness import Census, no_leaks
 
 from gpuslice.adapters.kubelet.standin import KubeletStandin
 
@@ -50,24 +50,9 @@ async def _full_cycle() -> None:
         remove_dir(plugin_dir)
 
 
-def _threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate())
-
-
-def _fds() -> dict[str, str]:
-    fds = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except FileNotFoundError:  # the fd listdir itself used
-            continue
-    return fds
-
-
 async def test_a_stopped_agent_leaves_no_threads_or_fds() -> None:
     await _full_cycle()  # warm-up: gRPC's process-wide threads and pollers
-    threads, fds = _threads(), _fds()
+    before = Census.take()
     for _ in range(2):
         await _full_cycle()
-    assert _threads() == threads
-    assert _fds() == fds
+    await no_leaks(before)
