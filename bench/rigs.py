@@ -11,7 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,15 +67,7 @@ def mig_node(path: str, gpus: int = 8, profile: str = "1g.5gb", first_gi: int = 
     return path
 
 
-def serving(kubelet: KubeletStandin, expected: Mapping[str, int]) -> bool:
-    """Each resource registered and streaming its full list, every device healthy."""
-    for name, count in expected.items():
-        devices = kubelet.devices(name)
-        if kubelet.endpoint(name) is None or len(devices) != count:
-            return False
-        if not all(d.healthy for d in devices.values()):
-            return False
-    return True
+serving = KubeletStandin.serves  # (kubelet, {resource: device count}) -> bool
 
 
 @dataclass

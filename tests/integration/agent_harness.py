@@ -53,15 +53,7 @@ def gpus_of(device_ids: Iterable[str]) -> set[str]:
     return {physical_id(d) for d in device_ids}
 
 
-def serving(kubelet: KubeletStandin, expected: Mapping[str, int]) -> bool:
-    """True when each resource is registered, streaming, with its full healthy list."""
-    for name, count in expected.items():
-        devices = kubelet.devices(name)
-        if kubelet.endpoint(name) is None or len(devices) != count:
-            return False
-        if not all(d.healthy for d in devices.values()):
-            return False
-    return True
+serving = KubeletStandin.serves  # (kubelet, {resource: device count}) -> bool
 
 
 def is_socket(path: str) -> bool:

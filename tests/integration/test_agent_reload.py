@@ -19,6 +19,7 @@ from agent_harness import (
     serving,
     write_file,
 )
+from node_harness import time_slicing
 
 from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.kubelet.standin import KubeletStandin
@@ -28,19 +29,10 @@ from gpuslice.wiring import RunOptions, node_deps
 SHARED = "nvidia.com/gpu.shared"
 
 
-def _time_slicing(replicas: int, *, rename: bool = False) -> str:
-    rename_line = "    renameByDefault: true\n" if rename else ""
-    return (
-        "version: v1\nsharing:\n  timeSlicing:\n"
-        f"{rename_line}"
-        f"    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
-    )
-
-
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "config.yaml"
-    path.write_text(_time_slicing(4))
+    path.write_text(time_slicing(4))
     return path
 
 
@@ -57,7 +49,7 @@ async def test_fewer_replicas_send_a_new_list_on_the_same_registration(
     running = await _started(kubelet, launcher, config)
     updates = kubelet.updates(GPU)
 
-    write_file(config, _time_slicing(2))
+    write_file(config, time_slicing(2))
     assert await running.agent.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
     assert kubelet.updates(GPU) == updates + 1
@@ -70,7 +62,7 @@ async def test_reload_through_the_reload_event_applies_the_edited_file(
 ) -> None:
     """The event the SIGHUP handler sets runs the same reload."""
     running = await _started(kubelet, launcher, config)
-    write_file(config, _time_slicing(3))
+    write_file(config, time_slicing(3))
     running.reload_event.set()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 12}))
     assert registrations(kubelet) == {GPU: 1}
@@ -86,7 +78,7 @@ async def test_a_new_list_strategy_applies_to_the_next_allocate_without_a_new_li
     assert before.envs == {"NVIDIA_VISIBLE_DEVICES": g0}
 
     cdi = "flags:\n  plugin:\n    deviceListStrategy: cdi-cri\n"
-    write_file(config, _time_slicing(4).replace("sharing:", f"{cdi}sharing:"))
+    write_file(config, time_slicing(4).replace("sharing:", f"{cdi}sharing:"))
     assert await running.agent.reload()
     (after,) = await kubelet.allocate(GPU, [[f"{g0}::0"]])
     assert after.cdi_devices == (f"k8s.device-plugin.nvidia.com/gpu={g0}",)
@@ -99,7 +91,7 @@ async def test_renaming_registers_the_new_resource_and_removes_the_old_socket(
     kubelet: KubeletStandin, launcher: AgentLauncher, config: Path
 ) -> None:
     running = await _started(kubelet, launcher, config)
-    write_file(config, _time_slicing(4, rename=True))
+    write_file(config, time_slicing(4, rename=True))
     assert await running.agent.reload()
     await kubelet.wait_for(lambda k: serving(k, {SHARED: 16}) and k.endpoint(GPU) is None)
     assert running.served == {SHARED: 16}
@@ -117,7 +109,7 @@ async def test_renaming_registers_the_new_resource_and_removes_the_old_socket(
 @pytest.mark.parametrize(
     "broken",
     [
-        _time_slicing(1),  # replicas must be >= 2
+        time_slicing(1),  # replicas must be >= 2
         "version: v1\nsharing: [\n",  # not YAML
         "version: v2\n",  # unknown version
     ],
@@ -137,7 +129,7 @@ async def test_a_broken_config_keeps_the_last_good_one_serving(
     (admitted,) = await kubelet.admit("still-served", {"main": {GPU: 1}})
     assert admitted.device_ids[0] in kubelet.devices(GPU)
 
-    write_file(config, _time_slicing(2))
+    write_file(config, time_slicing(2))
     assert await running.agent.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
     assert registrations(kubelet) == {GPU: 1}
@@ -192,7 +184,7 @@ async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_d
         assert details["config"] == {"ok": False, "detail": event.message}
         assert serving(kubelet, {GPU: 16})
 
-        write_file(config, _time_slicing(2))
+        write_file(config, time_slicing(2))
         assert await node.agent.reload()
         await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
         assert "config" not in node.readiness()[1]

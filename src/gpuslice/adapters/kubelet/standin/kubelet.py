@@ -333,6 +333,17 @@ class KubeletStandin:
         ep = self._endpoints.get(resource)
         return 0 if ep is None else ep.updates
 
+    def serves(self, expected: Mapping[str, int]) -> bool:
+        """Each resource (name -> device count) registered and streaming its full list,
+        every device healthy."""
+        for name, count in expected.items():
+            devices = self.devices(name)
+            if self.endpoint(name) is None or len(devices) != count:
+                return False
+            if not all(d.healthy for d in devices.values()):
+                return False
+        return True
+
     def node_status(self) -> NodeStatus:
         status = NodeStatus()
         held = self._state.held()
