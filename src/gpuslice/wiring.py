@@ -10,11 +10,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
-from gpuslice.adapters.nfd_file import FeatureFile
-from gpuslice.adapters.status_http import StatusServer
 from gpuslice.config.checks import duration_seconds, show
 from gpuslice.config.convert import allocate_options, resource_settings
 from gpuslice.config.flags import FLAGS_BY_NAME, resolve, setting, with_defaults
@@ -206,7 +203,11 @@ def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
     config_dir = opts.config_dir
     manager = None
     if config_dir:
-        source = api or MemoryNodeApi()  # no cluster: the label reads as unset
+        source = api
+        if source is None:  # no cluster: the label reads as unset
+            from gpuslice.adapters.kube.memory import MemoryNodeApi
+
+            source = MemoryNodeApi()
 
         def manager(apply: Apply) -> ConfigManager[Settings]:
             return ConfigManager(
@@ -261,6 +262,8 @@ def label_output(
             )
         sink = NodeFeatureSink(api, opts.get("node-name"), opts.get("namespace"))
     else:
+        from gpuslice.adapters.nfd_file import FeatureFile
+
         sink = FeatureFile(gfd.output_file or "")
     return LabelOptions(
         sinks=[sink],
@@ -301,6 +304,8 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
         async with contextlib.AsyncExitStack() as stack:
             address = opts.get("status-address")
             if address:
+                from gpuslice.adapters.status_http import StatusServer
+
                 await stack.enter_async_context(StatusServer(address, node.readiness))
             await node.run(stop, reload)
     finally:

@@ -49,3 +49,27 @@ def test_agent_imports_work_without_heavy_packages_and_stay_small() -> None:
     )
     probe = json.loads(out.stdout)
     assert 0 < probe["rss_mib"] < 60, probe
+
+
+ONLY_WHEN_USED = (
+    "lightkube",
+    "gpuslice.adapters.kube",
+    "gpuslice.adapters.nvml",
+    "gpuslice.adapters.nfd_file",
+    "gpuslice.adapters.status_http",
+)
+
+
+def test_what_a_run_may_not_need_is_imported_only_when_used() -> None:
+    """The Kubernetes client, NVML, the features file and the probe server load
+    only when a run uses them: each costs start-up time on every node."""
+    code = (
+        "import json, sys\n"
+        "import gpuslice.cli, gpuslice.wiring, gpuslice.adapters.fake\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    loaded = json.loads(out.stdout)
+    assert "gpuslice.services.agent" in loaded  # the probe imported the agent
+    early = [m for m in loaded if any(m == p or m.startswith(f"{p}.") for p in ONLY_WHEN_USED)]
+    assert early == []
