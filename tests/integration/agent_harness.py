@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.devices import physical_id
@@ -171,14 +172,23 @@ class AgentLauncher:
         return running
 
     async def close(self) -> None:
-        errors: list[BaseException] = []
-        for running in self._running:
-            try:
-                await running.shutdown()
-            except BaseException as exc:  # report every agent's failure, stop them all
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        await shutdown_all(self._running)
+
+
+class _Stoppable(Protocol):
+    async def shutdown(self) -> None: ...
+
+
+async def shutdown_all(running: Iterable[_Stoppable]) -> None:
+    """Shut every one down, then raise the first failure (stopping them all first)."""
+    errors: list[BaseException] = []
+    for one in running:
+        try:
+            await one.shutdown()
+        except BaseException as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 async def start_mig_mixed(kubelet: KubeletStandin, launcher: AgentLauncher) -> RunningAgent:

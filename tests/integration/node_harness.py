@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_harness import STOP_TIMEOUT_S
+from agent_harness import STOP_TIMEOUT_S, shutdown_all
 
 from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.nfd_file import parse
@@ -193,14 +193,7 @@ class NodeLauncher:
         return running
 
     async def close(self) -> None:
-        errors: list[BaseException] = []
-        for running in self._running:
-            try:
-                await running.shutdown()
-            except BaseException as exc:  # stop every node, report the first failure
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        await shutdown_all(self._running)
 
 
 def file_labels(path: str | os.PathLike[str]) -> dict[str, str] | None:

@@ -112,6 +112,16 @@ async def test_a_server_that_keeps_dying_makes_the_agent_give_up_with_one_line(
     await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
 
 
+async def _blocked(kubelet: KubeletStandin, faults: FaultLauncher) -> tuple[RunningAgent, str]:
+    """A registered agent whose socket path then holds a directory: start() cannot
+    replace it (the next kubelet restart makes the agent try)."""
+    running = await faults.start_with(_quick(), "t4x4", config=EXAMPLES / "time-slicing.yaml")
+    await running.registered(kubelet)
+    path = running.socket("nvidia-gpu.sock")
+    _block_socket_path(path)
+    return running, path
+
+
 def _block_socket_path(path: str) -> None:
     """Put a directory where the server must bind: start() cannot replace it."""
     os.unlink(path)
@@ -121,10 +131,7 @@ def _block_socket_path(path: str) -> None:
 async def test_a_server_that_cannot_start_again_is_retried_until_it_can(
     kubelet: KubeletStandin, faults: FaultLauncher
 ) -> None:
-    running = await faults.start_with(_quick(), "t4x4", config=EXAMPLES / "time-slicing.yaml")
-    await running.registered(kubelet)
-    path = running.socket("nvidia-gpu.sock")
-    _block_socket_path(path)
+    running, path = await _blocked(kubelet, faults)
     await kubelet.restart()  # the agent re-creates its socket and cannot
     manager = running.agent.manager
     await eventually(lambda: manager.server_failures >= 2, "two failed starts")
@@ -140,10 +147,7 @@ async def test_a_server_that_cannot_start_again_is_retried_until_it_can(
 async def test_a_server_that_never_starts_again_makes_run_raise_naming_the_path(
     kubelet: KubeletStandin, faults: FaultLauncher
 ) -> None:
-    running = await faults.start_with(_quick(), "t4x4", config=EXAMPLES / "time-slicing.yaml")
-    await running.registered(kubelet)
-    path = running.socket("nvidia-gpu.sock")
-    _block_socket_path(path)
+    running, path = await _blocked(kubelet, faults)
     started = time.monotonic()
     await kubelet.restart()
     with pytest.raises(PluginServerFailed) as failed:

@@ -103,13 +103,12 @@ class HealthMonitor:
         on_node = every_gpu(snapshot) | {m.uuid for g in snapshot.gpus for m in g.mig_devices}
         for device in self._book.forget(on_node):
             log.info("health_mark_dropped", device=device, reason="no longer on the node")
+        changes: list[Change] = []
         for gpu in snapshot.gpus:  # read only in part: not vouched for, whatever events say
             if gpu.read_error and self.policy.watching:
                 detail = f"read in part: {gpu.read_error}"
-                self._commit(
-                    self._book.mark([gpu.uuid], cause=LOST, detail=detail, now=self._now())
-                )
-        self._publish()
+                changes += self._book.mark([gpu.uuid], cause=LOST, detail=detail, now=self._now())
+        self._commit(changes)
 
     async def start(self) -> None:
         """Start watching events and re-probing (nothing when XID checks are off)."""

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from gpuslice.cli import main
 from gpuslice.config.loader import LoadedConfig, load_each
 from gpuslice.core.errors import ConfigError
+from gpuslice.demo import write_configmap_volume
 from gpuslice.wiring import RunOptions
 
 TS4 = "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n"
@@ -114,20 +115,11 @@ def test_a_plain_file_reports_its_first_problem(tmp_path: Path) -> None:
 # ---- a directory: every config in it, as the agent reads it
 
 
-def mounted(root: Path, entries: dict[str, str]) -> Path:
-    """A ConfigMap volume's layout: a timestamped directory, `..data`, one link per entry."""
-    stamped = root / "..2026_01_01_00_00_00.000000001"
-    stamped.mkdir()
-    for name, text in entries.items():
-        (stamped / name).write_text(text)
-    (root / "..data").symlink_to(stamped.name)
-    for name in entries:
-        (root / name).symlink_to(f"..data/{name}")
-    return root
-
-
 def test_a_directory_checks_each_config_file(tmp_path: Path) -> None:
-    root = mounted(tmp_path, {"ts.yaml": TS4, "mig.yaml": BAD_MIG, "one.yaml": BAD_REPLICAS})
+    root = tmp_path  # a mounted ConfigMap: `..data` and one link per entry
+    write_configmap_volume(
+        str(root), {"ts.yaml": TS4, "mig.yaml": BAD_MIG, "one.yaml": BAD_REPLICAS}
+    )
     code, out, err = validate(str(root))
     assert code == 1
     assert err == [
