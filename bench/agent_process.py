@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.harness import now
 from bench.rigs import GPU, time_slicing
 from bench.runtime_env import runtime_env
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 REPLICAS = 48
 START_TIMEOUT_S = 30.0

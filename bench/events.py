@@ -25,9 +25,9 @@ from bench.noop import ReferencePlugin
 from bench.plan import Plan
 from bench.rigs import EXAMPLES, GPU, agent_rig, scratch, serving, time_slicing
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.devices import HealthEvent
 from gpuslice.services.health_thread import HealthThread
+from gpuslice.testing.kubelet import KubeletStandin
 
 FIGURES = ("xid_unhealthy_p99", "restart_register_p99", "restart_register_mixed_p99")
 SETTLE_S = 0.05  # no new registration for this long: a restart is over

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import logs
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.services.agent import Agent, AgentDeps
+from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, agent_deps
 
 GPU = "nvidia.com/gpu"

@@ -14,17 +14,17 @@ from pathlib import Path
 
 from gpuslice import logs
 from gpuslice.adapters.kube.memory import MemoryNodeApi
-from gpuslice.adapters.kubelet.standin import KubeletStandin
-from gpuslice.adapters.kubelet.standin.records import (
-    AdmittedContainer,
-    InsufficientResourceError,
-    StandinError,
-)
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.agent import Agent
 from gpuslice.services.node import Node
+from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.testing.kubelet.records import (
+    AdmittedContainer,
+    InsufficientResourceError,
+    StandinError,
+)
 from gpuslice.wiring import RunOptions, node_deps
 
 GPU = "nvidia.com/gpu"

@@ -11,7 +11,7 @@ from kubelet_fakes import FakeHandler, exists, make_resource, open_fds, short_di
 
 from gpuslice.adapters.fswatch import CREATED, DELETED, DirEvent, DirWatcher
 from gpuslice.adapters.kubelet import DevicePluginServer
-from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 GPU = "nvidia.com/gpu"
 

@@ -13,9 +13,9 @@ from kubelet_fakes import FakeHandler, exists, make_resource, short_dir
 
 from gpuslice.adapters.kubelet import DevicePluginServer, RegistrationError
 from gpuslice.adapters.kubelet.api import pb, pb_grpc
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.errors import InvalidRequest
 from gpuslice.core.response import ContainerAllocation, DeviceSpec, Mount
+from gpuslice.testing.kubelet import KubeletStandin
 
 GPU = "nvidia.com/gpu"
 

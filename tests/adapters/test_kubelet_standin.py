@@ -12,7 +12,7 @@ from kubelet_fakes import FakeHandler, make_resource, read_json, short_dir
 
 from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.adapters.kubelet.api import pb, pb_grpc
-from gpuslice.adapters.kubelet.standin import (
+from gpuslice.testing.kubelet import (
     AdmissionError,
     InsufficientResourceError,
     KubeletStandin,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.adapters.nvml import NvmlBackend
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
 from gpuslice.services.agent import Agent
+from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, agent_deps
 
 pytestmark = pytest.mark.gpu

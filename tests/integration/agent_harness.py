@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.devices import physical_id
 from gpuslice.services.agent import Agent, AgentDeps
+from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, agent_deps
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from faults_harness import FaultLauncher
 from process_harness import AgentProcess
 
 from gpuslice import logs
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 
 @pytest.fixture(autouse=True)

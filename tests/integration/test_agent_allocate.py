@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.response import ContainerAllocation, DeviceSpec, Mount
+from gpuslice.testing.kubelet import KubeletStandin
 
 LIST_ROOT = "/var/run/nvidia-container-devices"
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"

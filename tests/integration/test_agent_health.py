@@ -10,7 +10,7 @@ import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent, gpus_of
 from faults_harness import Census, no_leaks
 
-from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 MIG_RESOURCES = ("nvidia.com/mig-1g.5gb", "nvidia.com/mig-2g.10gb", "nvidia.com/mig-3g.20gb")
 

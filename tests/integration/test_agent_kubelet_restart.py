@@ -20,9 +20,9 @@ from agent_harness import (
     start_mig_mixed,
 )
 
-from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
 from gpuslice.core.resources import socket_name
 from gpuslice.services.plugin_manager import RETRY_START_S
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 # After re-registering, a settled agent registers nothing more in this window.
 SETTLE_WINDOW_S = 0.5

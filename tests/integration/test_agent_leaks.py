@@ -18,7 +18,7 @@ from agent_harness import (
 )
 from faults_harness import Census, no_leaks
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 
 def _streaming_after(kubelet: KubeletStandin, registered: int) -> bool:

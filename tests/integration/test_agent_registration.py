@@ -19,9 +19,9 @@ from agent_harness import (
 from conftest import Logged
 
 from gpuslice.adapters.kubelet.api import API_VERSION
-from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
 from gpuslice.core.resources import socket_name
 from gpuslice.core.response import Mount
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from agent_harness import (
 from node_harness import time_slicing
 
 from gpuslice.adapters.kube.memory import MemoryNodeApi
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.services.node import Node
+from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, node_deps
 
 SHARED = "nvidia.com/gpu.shared"

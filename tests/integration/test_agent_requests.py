@@ -8,7 +8,7 @@ import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent, gpus_of
 
 from gpuslice.adapters.kubelet.api import pb
-from gpuslice.adapters.kubelet.standin import AdmissionError, KubeletStandin
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 SHARED = "nvidia.com/gpu.shared"
 

@@ -12,7 +12,7 @@ import pytest
 from agent_harness import EXAMPLES, GPU, registrations, serving, write_file
 from process_harness import AgentProcess, clean_env, run_once
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 EXIT_WITHIN_S = 5.0
 TIME_SLICING = (EXAMPLES / "time-slicing.yaml").read_text()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gpuslice.adapters.kubelet.api import pb, pb_grpc, unix_target
 from gpuslice.adapters.kubelet.servicer import MAX_DETAIL_CHARS
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 FUZZ = settings(
     max_examples=80,

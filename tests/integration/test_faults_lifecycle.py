@@ -24,8 +24,8 @@ from agent_harness import (
 from faults_harness import Census, FaultLauncher, no_leaks, summary_ms
 
 from gpuslice.adapters.kubelet.api import pb
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import socket_name
+from gpuslice.testing.kubelet import KubeletStandin
 
 SETTLE_WINDOW_S = 0.5  # a settled agent registers nothing more in this window
 

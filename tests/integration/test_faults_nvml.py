@@ -23,10 +23,10 @@ from faults_harness import (
 )
 
 from gpuslice.adapters.fake.profiles import load_spec
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.errors import BackendError
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.agent import AgentDeps
+from gpuslice.testing.kubelet import KubeletStandin
 
 FAST_RECOVERY = {"GPUSLICE_HEALTH_HOLDDOWN": "50ms", "GPUSLICE_HEALTH_MAX_FLAPS": "100"}
 

@@ -12,8 +12,8 @@ import time
 from agent_harness import EXAMPLES, is_socket, registrations, serving
 from process_harness import AgentProcess
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import socket_name
+from gpuslice.testing.kubelet import KubeletStandin
 
 MIG_MIXED = [
     "--fake-hardware",

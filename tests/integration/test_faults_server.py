@@ -28,7 +28,6 @@ from faults_harness import (
 )
 
 from gpuslice.adapters.kubelet.server import ServerError
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
 from gpuslice.services.agent import AgentDeps, AgentTaskFailed
@@ -39,6 +38,7 @@ from gpuslice.services.plugin_manager import (
     ServedEndpoint,
 )
 from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.testing.kubelet import KubeletStandin
 
 QUICK = RestartBudget(first_delay_s=0.01, max_delay_s=0.05)  # upstream's count, short backoff
 

@@ -23,7 +23,7 @@ from node_harness import (
 )
 
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 

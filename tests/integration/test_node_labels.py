@@ -12,8 +12,8 @@ import pytest
 from agent_harness import GPU, serving
 from node_harness import CONFIGS, SHARED, WITHIN_S, NodeLauncher, RunningNode, file_labels
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.core.labels import TIMESTAMP_LABEL
+from gpuslice.testing.kubelet import KubeletStandin
 
 PRODUCT = "nvidia.com/gpu.product"
 REPLICAS = "nvidia.com/gpu.replicas"

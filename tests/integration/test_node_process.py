@@ -17,8 +17,8 @@ from agent_harness import GPU, registrations, serving
 from node_harness import CONFIGS, time_slicing
 from process_harness import AgentProcess, run_once
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
 from gpuslice.demo import write_configmap_volume
+from gpuslice.testing.kubelet import KubeletStandin
 
 ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")
 

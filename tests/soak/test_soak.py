@@ -25,7 +25,7 @@ import pytest
 from agent_harness import AgentLauncher, RunningAgent, gpus_of, registrations, remove_dir, short_dir
 from faults_harness import Census, no_leaks, summary_ms
 
-from gpuslice.adapters.kubelet.standin import KubeletStandin
+from gpuslice.testing.kubelet import KubeletStandin
 
 RESTARTS, ALLOCATES = 100, 10_000
 SHORT_SCALE = 0.1

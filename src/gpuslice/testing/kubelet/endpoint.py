@@ -13,8 +13,8 @@ import structlog
 
 from gpuslice.adapters.kubelet.api import HEALTHY, pb, pb_grpc, unix_target
 from gpuslice.adapters.kubelet.convert import allocation_from_pb
-from gpuslice.adapters.kubelet.standin.records import AdmissionError, DeviceState, PluginOptions
 from gpuslice.core.response import ContainerAllocation
+from gpuslice.testing.kubelet.records import AdmissionError, DeviceState, PluginOptions
 
 _log = structlog.get_logger()
 _T = TypeVar("_T")

@@ -1,11 +1,11 @@
 """A kubelet stand-in for tests and demos (see kubelet.py); never a replacement for the kubelet."""
 
-from gpuslice.adapters.kubelet.standin.kubelet import KubeletStandin
-from gpuslice.adapters.kubelet.standin.names import (
+from gpuslice.testing.kubelet.kubelet import KubeletStandin
+from gpuslice.testing.kubelet.names import (
     extended_resource_name_problem,
     is_extended_resource_name,
 )
-from gpuslice.adapters.kubelet.standin.records import (
+from gpuslice.testing.kubelet.records import (
     UNEXPECTED_ADMISSION_ERROR,
     AdmissionError,
     AdmittedContainer,

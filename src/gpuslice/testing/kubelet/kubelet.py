@@ -20,11 +20,12 @@ import grpc
 import structlog
 
 from gpuslice.adapters.kubelet.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
-from gpuslice.adapters.kubelet.standin import checkpoint
-from gpuslice.adapters.kubelet.standin.admission import allocate_container
-from gpuslice.adapters.kubelet.standin.endpoint import PluginEndpoint
-from gpuslice.adapters.kubelet.standin.names import registration_problem
-from gpuslice.adapters.kubelet.standin.records import (
+from gpuslice.core.response import ContainerAllocation
+from gpuslice.testing.kubelet import checkpoint
+from gpuslice.testing.kubelet.admission import allocate_container
+from gpuslice.testing.kubelet.endpoint import PluginEndpoint
+from gpuslice.testing.kubelet.names import registration_problem
+from gpuslice.testing.kubelet.records import (
     AdmittedContainer,
     DeviceState,
     InsufficientResourceError,
@@ -34,7 +35,6 @@ from gpuslice.adapters.kubelet.standin.records import (
     StaleStream,
     StandinError,
 )
-from gpuslice.core.response import ContainerAllocation
 
 _log = structlog.get_logger()
 DIAL_TIMEOUT_S = 5.0  # how long Register waits for the plugin's options

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from gpuslice.adapters.kubelet.standin.endpoint import PluginEndpoint
-from gpuslice.adapters.kubelet.standin.records import AdmissionError
 from gpuslice.core.response import ContainerAllocation
+from gpuslice.testing.kubelet.endpoint import PluginEndpoint
+from gpuslice.testing.kubelet.records import AdmissionError
 
 
 def pick(available: Sequence[str], preferred: Sequence[str], needed: int) -> tuple[str, ...]:
