@@ -53,6 +53,7 @@ def test(extra: list[str]) -> int:
         [str(BIN / "mypy")],
         [str(BIN / "lint-imports")],
         [str(BIN / "python"), "tools/gen_protos.py", "--check"],
+        [str(BIN / "python"), "tools/gen_chart.py", "--check"],
         [str(BIN / "pytest"), *extra],
     ]
     for step in steps:

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from bench import events, listing, memory, reconfig, rpc, startup
+from bench import configmap, events, listing, memory, reconfig, rpc, startup
 from bench.harness import Figure, failed, table
 from bench.plan import FULL, QUICK, Plan
 from bench.rigs import REPO, quiet_logs
@@ -32,6 +32,7 @@ GROUPS: dict[str, Group] = {
     "events": (events.FIGURES, events.run),
     "listing": (listing.FIGURES, listing.run),
     "reconfig": (reconfig.FIGURES, reconfig.run),
+    "configmap": (configmap.FIGURES, configmap.run),
     "startup": (startup.FIGURES, startup.run),
     "memory": (memory.FIGURES, memory.run),
 }

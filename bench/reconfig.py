@@ -20,8 +20,8 @@ from bench.harness import MS, Figure, Target, now, percentile
 from bench.plan import Plan
 from bench.rigs import GPU, Rig, scratch, time_slicing, until_ready
 from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.config.settings import Settings
 from gpuslice.core.selection import DEFAULT_LABEL
-from gpuslice.services.agent import Settings
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, node_deps

@@ -3,68 +3,162 @@
 from __future__ import annotations
 
 import asyncio
-import functools
+import itertools
 import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+import textwrap
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from gpuslice import __version__
-from gpuslice.config.flags import FLAGS, GfdEnv, check_settings
+from gpuslice.config.flags import FLAGS, GfdEnv, check_settings, command_env, resolve
+from gpuslice.config.v1 import Config
 from gpuslice.core.errors import GpusliceError
 
 F = TypeVar("F", bound=Callable[..., Any])
 FLAG_PARAMS = {f.param: f.name for f in FLAGS}
+UPSTREAM = {"run": "NVIDIA's device plugin", "labels": "GPU Feature Discovery"}
 
 
-def flag_options(
-    fn: F, *, taken: frozenset[str] = frozenset(), skip: frozenset[str] = frozenset()
-) -> F:
-    """Every upstream flag as an option; env vars are read by the config resolver.
-    Spellings in `taken` belong to the command itself and are left out, and so are
-    the flags named in `skip` (they mean nothing to the command)."""
-    for flag in reversed(FLAGS):
-        names = [o for o in flag.options if o not in taken]
-        if flag.name in skip or not names:
-            continue
-        extra: dict[str, Any] = {}
-        if flag.is_bool:
-            extra = {"is_flag": False, "flag_value": "true", "metavar": "BOOL"}
-        elif flag.choices:
-            extra = {"metavar": "|".join(flag.choices)}
-        env = ", ".join(flag.env)
-        text = f"{flag.help} [env: {env}; default: {flag.default_text or 'unset'}]"
-        fn = click.option(*names, flag.param, default=None, help=text, **extra)(fn)
-    return fn
+def fail(error: Exception | str, code: int = 1) -> NoReturn:
+    """End the command with its one error line (a JSON event under --log-format json)."""
+    from gpuslice import logs
+
+    text = " ".join(str(error).split()).encode("utf-8", "backslashreplace").decode()
+    if not logs.json_mode() and _json_asked(sys.argv[1:]):  # failed before logs were set up
+        logs.setup("error", "json")
+    if logs.json_mode():
+        logs.final_error(text, code)
+    else:
+        click.echo(f"gpuslice: error: {text}", err=True)
+    sys.exit(code)
 
 
-def hardware_options(fn: F) -> F:
+def _json_asked(argv: Sequence[str]) -> bool:
+    return "--log-format=json" in argv or ("--log-format", "json") in itertools.pairwise(argv)
+
+
+class OneLineErrors(click.Group):
+    """A group whose usage errors (unknown option, bad choice, missing value) end the
+    command in one line, like every other error."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _usage_failed(exc)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _usage_failed(exc)
+
+
+def _usage_failed(exc: click.UsageError) -> NoReturn:
+    where = f"; see '{exc.ctx.command_path} --help'" if exc.ctx else ""
+    fail(exc.format_message().rstrip(".") + where, exc.exit_code)
+
+
+def flag_options(command: str) -> Callable[[F], F]:
+    """The table's flags that `command` takes, as options; env vars are read by the config
+    resolver. Those it takes without effect are left out of its --help."""
+
+    def add(fn: F) -> F:
+        for flag in reversed(FLAGS):
+            if not flag.taken_by(command):
+                continue
+            extra: dict[str, Any] = {}
+            if flag.is_bool:
+                extra = {"is_flag": False, "flag_value": "true", "metavar": "BOOL"}
+            elif flag.choices:
+                extra = {"metavar": "|".join(flag.choices)}
+            env = ", ".join(flag.env)
+            text = f"{flag.help} [env: {env}; default: {flag.default_text or 'unset'}]"
+            hidden = command not in flag.uses
+            fn = click.option(
+                *flag.options, flag.param, default=None, help=text, hidden=hidden, **extra
+            )(fn)
+        return fn
+
+    return add
+
+
+def accepted_note(command: str) -> str | None:
+    """The --help epilog naming the flags `command` takes without effect."""
+    names = [f"--{f.name}" for f in FLAGS if f.taken_by(command) and command not in f.uses]
+    if not names:
+        return None
+    text = f"Accepted as {UPSTREAM[command]} takes them, without effect: {', '.join(names)}."
+    lines = textwrap.wrap(text, 78, break_on_hyphens=False)
+    return "\b\n" + "\n".join(lines)  # \b: click keeps these line breaks
+
+
+def hardware_options(*, events: bool) -> Callable[[F], F]:
+    def add(fn: F) -> F:
+        if events:
+            fn = click.option(
+                "--fake-events",
+                metavar="FILE",
+                help="JSON-lines file of injected health events for the simulated backend",
+            )(fn)
+        fn = click.option(
+            "--fake-hardware",
+            metavar="PROFILE|FILE",
+            help="simulate this node (a built-in profile or a YAML node file) instead of NVML",
+        )(fn)
+        return click.option(
+            "--config-name", metavar="NAME", help="the entry to use from a ConfigMap manifest"
+        )(fn)
+
+    return add
+
+
+def log_options(fn: F) -> F:
     fn = click.option(
-        "--fake-events",
-        metavar="FILE",
-        help="JSON-lines file of injected health events for the simulated backend",
-    )(fn)
-    fn = click.option(
-        "--fake-hardware",
-        metavar="PROFILE|FILE",
-        help="simulate this node (a built-in profile or a YAML node file) instead of NVML",
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        help="text: an event and key=value fields per line; json: every line on stderr is "
+        "a JSON object [default: text]",
     )(fn)
     return click.option(
-        "--config-name", metavar="NAME", help="the entry to use from a ConfigMap manifest"
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        help="the least severe log events written [default: info]",
     )(fn)
 
 
-def run_options(ctx: click.Context, params: dict[str, Any], *, labeller: bool = False) -> Any:
-    """RunOptions from the parsed command line: only explicitly given flags count. The
-    labeller alone reads GFD_ env vars before their unprefixed names, as GFD does. A bad
-    setting ends the command with its one-line error."""
-    from gpuslice.wiring import RunOptions
+def start_logs(log_level: str, log_format: str) -> None:
+    from gpuslice import logs
 
+    if log_format == "json":
+        logs.setup(log_level, "json", stream=logs.capture_stderr())
+    else:
+        logs.setup(log_level, log_format)
+
+
+def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any:
+    """RunOptions from the parsed command line: only explicitly given flags count, and
+    only the env vars of flags `command` takes. The labeller alone reads GFD_ env vars
+    before their unprefixed names, as GFD does. A bad setting ends the command with its
+    one-line error."""
     given = {
         FLAG_PARAMS[p]: str(v)
         for p, v in params.items()
@@ -72,79 +166,60 @@ def run_options(ctx: click.Context, params: dict[str, Any], *, labeller: bool = 
         and v is not None
         and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
     }
-    env = GfdEnv(os.environ) if labeller else dict(os.environ)
+    env = command_env(command, os.environ)
+    if command == "labels":
+        env = GfdEnv(env)
     try:
         check_settings(given, env)
+        resolve(Config(), given, env)  # every value checked before anything starts
     except GpusliceError as exc:
         fail(exc)
-    return RunOptions(
+    from gpuslice.wiring import RunOptions
+
+    opts = RunOptions(
         cli_values=given,
         env=env,
         config_name=params.get("config_name"),
         fake_hardware=params.get("fake_hardware"),
         fake_events=params.get("fake_events"),
     )
+    node = opts.get("node-name")
+    if node and command != "inspect":
+        from gpuslice import logs
+
+        logs.bind(node=node)
+    return opts
 
 
-def fail(exc: Exception) -> NoReturn:
-    click.echo(f"gpuslice: error: {exc}", err=True)
-    sys.exit(1)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=OneLineErrors,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """Share NVIDIA GPUs between Kubernetes pods (drop-in for NVIDIA's device plugin)."""
 
 
-def log_options(fn: F) -> F:
-    fn = click.option("--log-format", type=click.Choice(["text", "json"]), default="text")(fn)
-    return click.option(
-        "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info"
-    )(fn)
-
-
-def start_logs(opts: Any, log_level: str, log_format: str) -> None:
-    from gpuslice import logs
-
-    node = opts.get("node-name")
-    logs.setup(log_level, log_format, bound={"node": node} if node else None)
-
-
-@main.command()
-@hardware_options
-@flag_options
+@main.command(epilog=accepted_note("run"))
+@hardware_options(events=True)
+@flag_options("run")
 @log_options
 @click.pass_context
 def run(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
     """Run the node agent: serve every resource to the kubelet until SIGTERM."""
+    start_logs(log_level, log_format)
+    opts = run_options(ctx, params, "run")
     from gpuslice.wiring import run_node
 
-    opts = run_options(ctx, params)
-    start_logs(opts, log_level, log_format)
     try:
         asyncio.run(_until_signalled(run_node, opts))
     except GpusliceError as exc:
         fail(exc)
 
 
-# Flags of the plugin and of per-node configs that mean nothing to the labeller alone.
-_NOT_LABELS = frozenset(
-    {
-        "labels",
-        "kubelet-socket",
-        "status-address",
-        "node-label",
-        "config-file-srcdir",
-        "default-config",
-        "fallback-strategies",
-    }
-)
-
-
-@main.command()
-@hardware_options
-@functools.partial(flag_options, skip=_NOT_LABELS)
+@main.command(epilog=accepted_note("labels"))
+@hardware_options(events=False)
+@flag_options("labels")
 @log_options
 @click.pass_context
 def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
@@ -155,10 +230,10 @@ def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any
     stdout). --oneshot labels once and exits; otherwise labels every --sleep-interval
     until SIGTERM, then removes the features file. SIGHUP re-reads the config.
     """
+    start_logs(log_level, log_format)
+    opts = run_options(ctx, params, "labels")
     from gpuslice.labels_cmd import run_labels
 
-    opts = run_options(ctx, params, labeller=True)
-    start_logs(opts, log_level, log_format)
     try:
         asyncio.run(_until_signalled(run_labels, opts))
     except GpusliceError as exc:
@@ -177,20 +252,23 @@ async def _until_signalled(
     await serve(opts, stop, reload)
 
 
-def _inspect_flag_options(fn: F) -> F:
-    return flag_options(fn, taken=frozenset({"--output", "-o"}))
-
-
 @main.command()
-@hardware_options
-@_inspect_flag_options
-@click.option("--output", "output_format", type=click.Choice(["table", "json"]), default="table")
+@hardware_options(events=False)
+@flag_options("inspect")
+@click.option(
+    "--output",
+    "output_format",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    help="a table, or one JSON object: resources (name: device count), labels, GPUs, "
+    "warnings [default: table]",
+)
 @click.pass_context
 def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
     """Show what a config advertises on some hardware, without a kubelet."""
+    opts = run_options(ctx, params, "inspect")
     from gpuslice.inspect import inspect_node, render_table
 
-    opts = run_options(ctx, params)
     try:
         report = inspect_node(opts)
     except GpusliceError as exc:
@@ -214,7 +292,7 @@ def demo(profile: str, verbose: bool) -> None:
         fail(exc)
 
 
-@main.group()
+@main.group(cls=OneLineErrors)
 def config() -> None:
     """Config file tools."""
 
@@ -231,6 +309,8 @@ def validate(path: str, config_name: str | None) -> None:
     from gpuslice.config.loader import load_each
     from gpuslice.config.summary import describe
 
+    if not path:
+        fail('PATH "": expected a config file, ConfigMap manifest or config directory')
     try:
         results = load_each(path, name=config_name)
     except GpusliceError as exc:

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from importlib import resources
 from pathlib import Path
 
 from gpuslice import logs
@@ -28,8 +29,8 @@ from gpuslice.testing.kubelet.records import (
 from gpuslice.wiring import RunOptions, node_deps
 
 GPU = "nvidia.com/gpu"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-DEMO_CONFIG = EXAMPLES / "dgx-a100-demo.yaml"
+# Package data, so the demo runs from a wheel or an image (examples/ links to it).
+DEMO_CONFIG = resources.files(__package__).joinpath("data", "dgx-a100-demo.yaml")
 FAULTY_GPU = 3  # or the last GPU of a smaller node
 NODE = "demo-node"
 NAMESPACE = "default"
@@ -66,8 +67,6 @@ def write_configmap_volume(path: str, data: Mapping[str, str]) -> None:
 
 
 async def run_demo(profile: str, *, verbose: bool, out: Callable[[str], None]) -> None:
-    if not DEMO_CONFIG.is_file():
-        raise ConfigError(f"demo config not found at {DEMO_CONFIG}; run from a gpuslice checkout")
     logs.setup("info" if verbose else "error")
     work = tempfile.mkdtemp(prefix="gpuslice-demo-", dir="/tmp")
     try:
@@ -109,8 +108,7 @@ async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> N
             snapshot = agent.snapshot
             gpus = {g.uuid: g for g in snapshot.gpus}
             out(f"== Simulated node '{profile}': {len(gpus)}x {snapshot.gpus[0].name}")
-            source = DEMO_CONFIG.relative_to(EXAMPLES.parent)
-            out(f"   mounted ConfigMap: ts-4 ({source}), ts-8 (the same with 8 replicas)")
+            out(f"   mounted ConfigMap: ts-4 ({DEMO_CONFIG.name}), ts-8 (the same with 8 replicas)")
             out(f"   in force: {_config_line(node)}")
             for line in _describe_config(agent):
                 out(f"   {line}")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import build_resources
+from gpuslice.core.resources import build_resources, unmatched_rule_warnings
 from gpuslice.wiring import (
     RunOptions,
     effective_config,
@@ -21,7 +21,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     """One JSON-able report; `resources` maps each advertised name to its device count,
     `labels` each node label (GFD's, without the timestamp) to its value."""
     loaded = effective_config(opts)
-    cfg = settings_from(loaded, opts)
+    cfg = settings_from(loaded, opts, plugin=True)
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
@@ -56,7 +56,11 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         ],
         "labels": labelled.labels,
         "config": loaded.source or "(defaults)",
-        "warnings": [*cfg.warnings, *labelled.warnings],
+        "warnings": [
+            *cfg.warnings,
+            *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
+            *labelled.warnings,
+        ],
     }
 
 

@@ -6,27 +6,29 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import socket
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kubelet.registration import RegistrationError
-from gpuslice.adapters.kubelet.server import DevicePluginServer
+from gpuslice.adapters.kubelet.dirlock import Holder, claim
+from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
+from gpuslice.config import settings as config_settings
 from gpuslice.config.checks import duration_seconds, show
-from gpuslice.config.convert import allocate_options, resource_settings
 from gpuslice.config.flags import FLAGS_BY_NAME, resolve, setting, with_defaults
-from gpuslice.config.loader import LoadedConfig, load_config_file
+from gpuslice.config.loader import LoadedConfig
+from gpuslice.config.settings import Settings
 from gpuslice.config.v1 import Config, Flags
-from gpuslice.core.container_spec import CONTROL_DEVICES
+from gpuslice.core.cdi import EXTRA_NODES
+from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.health import XidPolicy
-from gpuslice.core.ports import GpuBackend, LabelSink, NodeApi
-from gpuslice.services.agent import AgentDeps, DirEvents, Settings
+from gpuslice.core.ports import GpuBackend, LabelSink, NodeApi, PluginEndpoint
+from gpuslice.services.agent import AgentDeps, DirEvents
+from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
-from gpuslice.services.health_env import recovery_from_env
+from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, EntrySource
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
-from gpuslice.services.plugin_manager import ServedEndpoint
 from gpuslice.services.resource_handler import ResourceHandler
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -60,40 +62,71 @@ class RunOptions:
         when a config name is given too: there the node label or default picks it."""
         path = self.get("config-file")
         found = self.get("config-file-srcdir") or (path if path and os.path.isdir(path) else "")
-        if found and self.config_name is not None:
+        if found and self.config_map:
+            raise ConfigError(
+                f"--config-map (CONFIG_MAP) {show(self.config_map)} and the config directory "
+                f"{found}: give one source of per-node configs, not both"
+            )
+        self._check_no_config_name(found)
+        return found
+
+    @property
+    def config_map(self) -> str:
+        """The ConfigMap of per-node configs read through the API, if any."""
+        return self.get("config-map")
+
+    @property
+    def per_node(self) -> bool:
+        """Whether the config is chosen per node (a directory or a ConfigMap of configs).
+        Raises ConfigError for both at once, or with a config name."""
+        found = self.config_dir
+        if self.config_map:
+            self._check_no_config_name(f"ConfigMap {self.config_map}")
+        return bool(found or self.config_map)
+
+    def _check_no_config_name(self, source: str) -> None:
+        if source and self.config_name is not None:
             label = self.get("node-label")
             raise ConfigError(
                 f"--config-name {show(self.config_name)}: not used with the per-node configs of "
-                f"{found}; name the config with --default-config (DEFAULT_CONFIG) or the node "
+                f"{source}; name the config with --default-config (DEFAULT_CONFIG) or the node "
                 f"label {label}"
             )
-        return found
 
 
 def effective_config(opts: RunOptions) -> LoadedConfig:
     """The config file (if any) with flags and env vars applied. Raises ConfigError."""
-    path = setting("config-file", opts.cli_values, opts.env)
-    loaded = load_config_file(path, name=opts.config_name) if path else LoadedConfig(Config())
-    config = resolve(loaded.config, opts.cli_values, opts.env)
-    return LoadedConfig(config, loaded.warnings, loaded.source, loaded.name)
+    return config_settings.effective_config(opts.cli_values, opts.env, config_name=opts.config_name)
 
 
 def settings(opts: RunOptions) -> Settings:
-    return settings_from(effective_config(opts), opts)
-
-
-def settings_from(loaded: LoadedConfig, opts: RunOptions) -> Settings:
-    """The agent's settings from one loaded config, with flags and env vars applied
-    (resolving twice is harmless: an explicit flag always wins)."""
-    config = resolve(loaded.config, opts.cli_values, opts.env)
-    return Settings(
-        resources=resource_settings(config),
-        allocate=allocate_options(config),
-        fail_on_init_error=bool(config.flags.fail_on_init_error),
-        xid_policy=XidPolicy.from_env(opts.env),
-        recovery=recovery_from_env(opts.env),
-        warnings=loaded.warnings,
+    """The device plugin's complete settings from the config file, flags and env.
+    Raises ConfigError (HardwareError for a required IMEX channel that is missing)."""
+    return config_settings.load_settings(
+        opts.cli_values, opts.env, config_name=opts.config_name, imex_present=imex_present(opts)
     )
+
+
+def settings_from(loaded: LoadedConfig, opts: RunOptions, *, plugin: bool = False) -> Settings:
+    """The settings of one loaded config (a per-node entry), with flags and env applied;
+    with the device plugin's start-up rules when `plugin` (not for labels alone)."""
+    present = imex_present(opts) if plugin else None
+    return config_settings.settings_from(loaded, opts.cli_values, opts.env, imex_present=present)
+
+
+def imex_present(opts: RunOptions) -> frozenset[int]:
+    """The IMEX channels whose device node exists: on simulated hardware, those its node
+    file lists; else under /dev or the driver root as mounted in this container."""
+    if opts.fake_hardware:
+        from gpuslice.adapters.fake import imex_channels
+
+        try:
+            return imex_channels(opts.fake_hardware)
+        except ConfigError:
+            return frozenset()  # opening the backend reports the bad node file
+    from gpuslice.adapters.imex import existing_channels
+
+    return existing_channels(IMEX_CHANNELS, roots=("/", opts.get("driver-root-ctr-path")))
 
 
 def open_backend(opts: RunOptions) -> GpuBackend:
@@ -107,56 +140,6 @@ def open_backend(opts: RunOptions) -> GpuBackend:
     return NvmlBackend.open()
 
 
-class _Endpoint:
-    """A device-plugin server plus where to register it ("" = do not register)."""
-
-    def __init__(self, server: DevicePluginServer, kubelet_socket: str) -> None:
-        self._server = server
-        self._kubelet_socket = kubelet_socket
-        self._kubelet: _Stamp | None = None  # kubelet.sock our registration went to
-
-    async def start(self) -> None:
-        await self._server.start()
-
-    async def register(self) -> None:
-        if not self._kubelet_socket:
-            return
-        self._kubelet = None
-        kubelet = _stamp(self._kubelet_socket)
-        if kubelet is None:
-            # Fail at once rather than block: kubelet.sock appearing is watched for.
-            raise RegistrationError(
-                self._server.resource_name, self._kubelet_socket, "UNAVAILABLE", "no kubelet yet"
-            )
-        self._kubelet = kubelet  # where this call goes, answered or not
-        try:
-            await self._server.register(self._kubelet_socket)
-        except BaseException:
-            self._kubelet = None
-            raise
-
-    def current(self) -> bool:
-        if not self._server.socket_present():
-            return False
-        return not self._kubelet_socket or self._kubelet == _stamp(self._kubelet_socket)
-
-    async def stop(self) -> None:
-        self._kubelet = None
-        await self._server.stop()
-
-
-_Stamp = tuple[int, int, int]
-
-
-def _stamp(path: str) -> _Stamp | None:
-    """Which file is at `path` now: a re-created kubelet.sock gets a new stamp."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
 def _watch(path: str, names: Collection[str] | None) -> DirEvents:
     return DirWatcher(path, names)
 
@@ -165,8 +148,8 @@ def agent_deps(opts: RunOptions) -> AgentDeps:
     plugin_dir = opts.plugin_dir
     kubelet_socket = opts.kubelet_socket
 
-    def endpoint(handler: ResourceHandler) -> ServedEndpoint:
-        return _Endpoint(DevicePluginServer(handler, plugin_dir), kubelet_socket)
+    def endpoint(handler: ResourceHandler) -> PluginEndpoint:
+        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket)
 
     control = () if opts.fake_hardware else tuple(p for p in CONTROL_DEVICES if os.path.exists(p))
     return AgentDeps(
@@ -176,7 +159,20 @@ def agent_deps(opts: RunOptions) -> AgentDeps:
         plugin_dir=plugin_dir,
         watch=_watch if kubelet_socket else None,
         control_devices=control,
+        cdi=cdi_specs(opts, control),
     )
+
+
+def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
+    """The CDI spec writer (None: --cdi-spec-dir is empty). It is always wired, since a
+    reload may switch to a cdi-* strategy, and writes nothing under the others."""
+    directory = opts.get("cdi-spec-dir")
+    if not directory:
+        return None
+    from gpuslice.adapters.cdi_file import CdiSpecDir, present_nodes
+
+    extra = {} if opts.fake_hardware else {k: present_nodes(v) for k, v in EXTRA_NODES.items()}
+    return CdiSpecs(CdiSpecDir(directory), control_devices=control, extra_nodes=extra)
 
 
 def node_api(opts: RunOptions) -> NodeApi | None:
@@ -189,7 +185,6 @@ def node_api(opts: RunOptions) -> NodeApi | None:
     return KubeNodeApi(
         kubeconfig=kubeconfig or None,
         pod_name=opts.get("pod-name") or None,
-        event_namespace=opts.get("namespace"),
     )
 
 
@@ -200,9 +195,9 @@ def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
 def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
     """The agent, plus a per-node config manager and a labeller when configured."""
     node = opts.get("node-name")
-    config_dir = opts.config_dir
+    entries = config_entries(opts, api)
     manager = None
-    if config_dir:
+    if entries is not None:
         source = api
         if source is None:  # no cluster: the label reads as unset
             from gpuslice.adapters.kube.memory import MemoryNodeApi
@@ -210,13 +205,13 @@ def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
             source = MemoryNodeApi()
 
         def manager(apply: Apply) -> ConfigManager[Settings]:
+            assert entries is not None
             return ConfigManager(
                 source,
                 node,
-                config_dir,
-                lambda loaded: settings_from(loaded, opts),
+                entries,
+                lambda loaded: settings_from(loaded, opts, plugin=True),
                 apply,
-                watch=_config_watch,
                 label=opts.get("node-label"),
                 default=opts.get("default-config") or None,
                 fallbacks=_list(opts.get("fallback-strategies")),
@@ -233,6 +228,42 @@ def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
     return NodeDeps(agent=agent, manager=manager, labels=label_options(opts, api))
 
 
+def config_entries(opts: RunOptions, api: NodeApi | None) -> EntrySource | None:
+    """Where the per-node configs come from: the ConfigMap through the API, a mounted
+    directory, or None (one config file). Raises ConfigError naming what is missing."""
+    if not opts.per_node:
+        return None
+    config_map, config_dir = opts.config_map, opts.config_dir
+    if not opts.get("node-name"):
+        given, path = (
+            ("--config-map (CONFIG_MAP)", config_map)
+            if config_map
+            else (_dir_flag(opts), config_dir)
+        )
+        raise ConfigError(_NO_NODE_NAME.format(given=given, path=path))
+    if not config_map:
+        return DirectoryEntries(config_dir, _config_watch)
+    if api is None:
+        raise ConfigError(
+            f"--config-map (CONFIG_MAP) {config_map}: the ConfigMap is read through the "
+            "Kubernetes API, and there is none: run in a cluster or set --kubeconfig (KUBECONFIG)"
+        )
+    return ConfigMapEntries(api, opts.get("namespace"), config_map)
+
+
+_NO_NODE_NAME = (
+    "{given} {path}: per-node configs need this node's name to read its label; set "
+    "--node-name or NODE_NAME (usually from the downward API, fieldPath spec.nodeName), "
+    "otherwise every node would serve the default config"
+)
+
+
+def _dir_flag(opts: RunOptions) -> str:
+    if opts.get("config-file-srcdir"):
+        return "--config-file-srcdir (CONFIG_FILE_SRCDIR)"
+    return "--config-file (CONFIG_FILE), a directory,"
+
+
 def label_options(opts: RunOptions, api: NodeApi | None) -> LabelOptions | None:
     """The labeller beside the plugin, when `--labels` asks for one (auto: in a cluster).
     Its flags.gfd settings come from the config file; per-node configs (a directory) are
@@ -240,7 +271,7 @@ def label_options(opts: RunOptions, api: NodeApi | None) -> LabelOptions | None:
     wanted = opts.get("labels")
     if wanted == "false" or (wanted == "auto" and api is None):
         return None
-    return label_output(opts, api, None if opts.config_dir else effective_config(opts).config)
+    return label_output(opts, api, None if opts.per_node else effective_config(opts).config)
 
 
 def label_output(
@@ -296,8 +327,14 @@ def _list(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
+def lock_holder(opts: RunOptions) -> Holder:
+    """Who this agent is, for another agent waiting on the device-plugin directory."""
+    return Holder(os.getpid(), opts.get("pod-name"), opts.get("node-name"), socket.gethostname())
+
+
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
-    """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked."""
+    """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked.
+    It serves once the device-plugin directory exists and no other agent holds it."""
     api = node_api(opts)
     try:
         node = Node(node_deps(opts, api))
@@ -307,6 +344,10 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
                 from gpuslice.adapters.status_http import StatusServer
 
                 await stack.enter_async_context(StatusServer(address, node.readiness))
+            lock = await claim(opts.plugin_dir, lock_holder(opts), stop)
+            if lock is None:
+                return  # stopped while waiting for the directory or its lock
+            stack.callback(lock.release)
             await node.run(stop, reload)
     finally:
         if api is not None:

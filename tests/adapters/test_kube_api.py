@@ -17,6 +17,7 @@ from kube_fakes import FAST_BACKOFF, FakeApiServer, Follower, fake_client, write
 
 from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.core.errors import BackendError
+from gpuslice.wiring import RunOptions, node_api
 
 NS = "gpu-ops"
 FEATURE = ("gpu-ops", "nvidia-features-for-n1")
@@ -90,40 +91,6 @@ async def test_node_feature_update_is_retried_after_a_conflict(
     assert server.features[FEATURE]["spec"]["labels"] == {"x": "1"}
 
 
-async def test_node_feature_is_owned_by_the_agent_pod_and_its_daemonset(
-    server: FakeApiServer, tmp_path: Path
-) -> None:
-    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpuslice", "uid": "ds-1"}
-    server.pods[(NS, "gpuslice-abc")] = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": "gpuslice-abc",
-            "namespace": NS,
-            "uid": "pod-1",
-            "ownerReferences": [{**ds, "controller": True}],
-        },
-    }
-    client = fake_client(server.url, tmp_path)
-    api = KubeNodeApi(client, pod_name="gpuslice-abc")
-    await api.publish_node_feature("n1", NS, LABELS)
-    await client.close()
-    assert server.features[FEATURE]["metadata"]["ownerReferences"] == [
-        ds,
-        {"apiVersion": "v1", "kind": "Pod", "name": "gpuslice-abc", "uid": "pod-1"},
-    ]
-
-
-async def test_node_feature_without_a_readable_pod_is_written_without_owners(
-    server: FakeApiServer, tmp_path: Path
-) -> None:
-    client = fake_client(server.url, tmp_path)
-    api = KubeNodeApi(client, pod_name="gone")
-    assert await api.publish_node_feature("n1", NS, LABELS) is True
-    await client.close()
-    assert "ownerReferences" not in server.features[FEATURE]["metadata"]
-
-
 async def test_node_feature_write_refused_is_a_one_line_backend_error(
     server: FakeApiServer, api: KubeNodeApi
 ) -> None:
@@ -192,7 +159,7 @@ async def test_kubeconfig_path_builds_the_client(
 
 def test_an_unusable_kubeconfig_is_a_one_line_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(BackendError, match=f"^Kubernetes config \\({missing}\\) unusable: "):
+    with pytest.raises(BackendError, match=f"^--kubeconfig \\(KUBECONFIG\\) {missing}: "):
         KubeNodeApi(kubeconfig=str(missing))
 
 
@@ -204,3 +171,20 @@ def test_importing_the_adapter_loads_no_lightkube() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+async def test_node_events_of_an_agent_in_its_own_namespace_land_in_default(
+    server: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server refuses an Event about a Node outside namespace default (422), so the
+    agent, wired as `gpuslice run` wires it in a DaemonSet's namespace, writes it there."""
+    for proxy in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    cli = {"node-name": "n1", "namespace": NS, "kubeconfig": write_kubeconfig(tmp_path, server.url)}
+    api = node_api(RunOptions(cli_values=cli))
+    assert api is not None
+    await api.record_event("n1", "ConfigRejected", "config rejected, keeping ts-4", warning=True)
+    await api.aclose()
+    assert [r.code for r in server.of("POST", "events")] == [201]
+    (event,) = server.events
+    assert (event["metadata"]["namespace"], event["reason"]) == ("default", "ConfigRejected")

@@ -101,7 +101,7 @@ async def test_plugin_stream_ending_marks_its_devices_unhealthy(
     status = kubelet.node_status()
     assert (status.capacity[GPU], status.allocatable[GPU]) == (2, 0)
     assert not any(d.healthy for d in kubelet.devices(GPU).values())
-    with pytest.raises(AdmissionError, match="unregistered device"):
+    with pytest.raises(AdmissionError, match="no healthy devices present"):
         await kubelet.admit("pod-1", {"main": {GPU: 1}})
     assert kubelet.stale_streams == []
 
@@ -120,10 +120,12 @@ async def test_a_clean_plugin_restart_never_leaves_a_stale_stream(
     await srv.stop(0)
 
 
-async def test_registering_again_while_the_old_stream_is_open_is_recorded(
+async def test_an_old_instance_ending_after_a_new_one_registered_drops_the_resource(
     kubelet: KubeletStandin, plugin_dir: str
 ) -> None:
-    """The case where a real kubelet would later mark the new devices Unhealthy."""
+    """As the real kubelet: a second plugin registers the same resource while the
+    first still streams; when the first then ends, every device of the resource
+    turns Unhealthy and the new endpoint is dropped, until a plugin registers again."""
     old = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
     new = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()), "nvidia-gpu-2.sock")
     (stale,) = kubelet.stale_streams
@@ -132,9 +134,18 @@ async def test_registering_again_while_the_old_stream_is_open_is_recorded(
         "nvidia-gpu.sock",
         "nvidia-gpu-2.sock",
     )
+    assert kubelet.node_status().allocatable[GPU] == 2  # both stream; the new one is used
+
     await old.stop(0)
-    assert kubelet.node_status().allocatable[GPU] == 2
-    assert kubelet.endpoint(GPU) == "nvidia-gpu-2.sock"
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
+    status = kubelet.node_status()
+    assert (status.capacity[GPU], status.allocatable[GPU]) == (2, 0)
+    assert not any(d.healthy for d in kubelet.devices(GPU).values())
+    with pytest.raises(AdmissionError, match="no healthy devices present"):
+        await kubelet.admit("pod-1", {"main": {GPU: 1}})
+
+    await new.register(kubelet.socket_path)  # the surviving plugin registers again
+    await kubelet.wait_for(lambda k: k.serves({GPU: 2}))
     await new.stop(0)
 
 

@@ -98,7 +98,7 @@ async def test_the_monitor_keeps_such_a_gpu_unhealthy_past_its_hold_down(
     recovery = RecoveryPolicy(holddown_s=30.0)
     monitor = HealthMonitor(
         backend,
-        XidPolicy.from_env({}),
+        XidPolicy(),
         lambda _: [],
         recovery=recovery,
         call=inline,

@@ -1,10 +1,12 @@
 """StatusServer over a real TCP socket: /healthz, /readyz 200/503 with JSON details, 404,
-and a client that never sends its request does not hold up the others."""
+a client that never sends its request does not hold up the others, and an address it
+cannot listen on is one BackendError naming the flag."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpuslice.adapters.status_http import StatusServer
+from gpuslice.core.errors import BackendError
 
 ANSWER_WITHIN_S = 2.0  # well below the server's 5 s wait for a request line
 
@@ -131,3 +134,49 @@ async def test_after_exit_the_port_is_closed(readiness: Readiness) -> None:
         assert (await get(port, "/healthz")).status == 200
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_ipv6_in_brackets_is_served(readiness: Readiness) -> None:
+    try:
+        server = StatusServer("[::1]:0", readiness)
+        await server.__aenter__()
+    except BackendError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        reader, writer = await asyncio.open_connection("::1", server.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        await server.__aexit__(None, None, None)
+
+
+async def test_a_port_in_use_is_one_line_naming_the_flag(readiness: Readiness) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(BackendError) as caught:
+            async with StatusServer(address, readiness):
+                pass
+    assert str(caught.value) == (
+        f"--status-address (GPUSLICE_STATUS_ADDRESS) {address}: cannot listen: "
+        "the port is in use (with hostNetwork: by any process on the node)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("192.0.2.1:8080", "cannot listen: not an address of this host"),  # TEST-NET-1
+        ("a" * 64 + ".example:8080", "not a valid host name"),
+        ("8080", "expected host:port"),
+    ],
+)
+async def test_an_address_it_cannot_listen_on_is_one_line(
+    readiness: Readiness, address: str, why: str
+) -> None:
+    with pytest.raises(BackendError) as caught:
+        async with StatusServer(address, readiness):
+            pass
+    assert str(caught.value) == f"--status-address (GPUSLICE_STATUS_ADDRESS) {address}: {why}"

@@ -26,6 +26,8 @@ FIGURES = {
     "restart_register_mixed_p99",
     "list_first_message",
     "config_change_p99",
+    "configmap_edit_p50",
+    "configmap_edit_p99",
     "process_start",
     "rss_idle",
     "rss_after_allocates",

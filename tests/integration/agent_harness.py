@@ -124,6 +124,7 @@ class AgentLauncher:
     def __init__(self, plugin_dir: str) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
+        self.cdi_spec_dir = os.path.join(plugin_dir, "cdi")
         self._running: list[RunningAgent] = []
 
     def options(
@@ -135,7 +136,8 @@ class AgentLauncher:
         flags: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> RunOptions:
-        cli = {"kubelet-socket": self.kubelet_socket}
+        # CDI specs (cdi-* strategies) go beside the sockets, never to the host's /var/run/cdi.
+        cli = {"kubelet-socket": self.kubelet_socket, "cdi-spec-dir": self.cdi_spec_dir}
         if config is not None:
             cli["config-file"] = str(config)
         cli.update(flags or {})

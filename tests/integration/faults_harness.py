@@ -1,7 +1,7 @@
 """What the fault tests share: a census of fds, threads and tasks to prove nothing
-leaked, an agent launcher that can swap the backend or the endpoints, a backend
-whose NVML-like calls start failing on demand, and a device-plugin server that
-can be made to die under the agent."""
+leaked, an agent launcher that can swap the backend or watch the endpoints, a
+backend whose NVML-like calls start failing on demand, and a way to end a real
+device-plugin server's gRPC server under the agent."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from agent_harness import AgentLauncher, RunningAgent
 
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kubelet.registration import RegistrationError
+from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
 from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
+from gpuslice.core.ports import PluginEndpoint
 from gpuslice.services.agent import AgentDeps
-from gpuslice.services.plugin_manager import ServedEndpoint
 from gpuslice.services.resource_handler import ResourceHandler
 
 SETTLE_TIMEOUT_S = 5.0
@@ -148,59 +148,24 @@ def with_backend(backend: Callable[[], FakeBackend]) -> Callable[[AgentDeps], Ag
     return lambda deps: dataclasses.replace(deps, open_backend=backend)
 
 
-class CrashableServer(DevicePluginServer):
-    """The real device-plugin server, plus a way to end its gRPC server from under it."""
-
-    async def crash(self) -> None:
-        server = self._server
-        assert server is not None, "not serving"
-        await server.stop(None)
-
-
-class WatchedEndpoint:
-    """A ServedEndpoint over a CrashableServer that reports when it goes down."""
-
-    def __init__(self, server: CrashableServer, kubelet_socket: str) -> None:
-        self.server = server
-        self._kubelet_socket = kubelet_socket
-        self.starts = 0
-
-    async def start(self) -> None:
-        self.starts += 1
-        await self.server.start()
-
-    async def register(self) -> None:
-        if not self._kubelet_present():
-            raise RegistrationError(self.server.resource_name, "", "UNAVAILABLE", "no kubelet")
-        await self.server.register(self._kubelet_socket)
-
-    def _kubelet_present(self) -> bool:
-        return os.path.exists(self._kubelet_socket)
-
-    def current(self) -> bool:
-        return self.server.socket_present()
-
-    def down(self) -> str | None:
-        return self.server.down()
-
-    async def wait_down(self) -> str:
-        return await self.server.wait_down()
-
-    async def stop(self) -> None:
-        await self.server.stop()
+async def end_grpc_server(server: DevicePluginServer) -> None:
+    """End a real server's gRPC server from under it, as a failure inside gRPC would:
+    nothing tells the DevicePluginServer, so only its crash watch can notice."""
+    grpc_server = server._server  # reaching past the adapter is the fault itself
+    assert grpc_server is not None, "not serving"
+    await grpc_server.stop(None)
 
 
-def watched_endpoints(
-    endpoints: dict[str, WatchedEndpoint],
-) -> Callable[[AgentDeps], AgentDeps]:
-    """Serve through WatchedEndpoints, kept in `endpoints` by resource name."""
+def recorded_endpoints(endpoints: dict[str, KubeletEndpoint]) -> Callable[[AgentDeps], AgentDeps]:
+    """Serve through the endpoints `gpuslice run` builds, keeping the latest one of
+    each resource in `endpoints` so a test can reach its server."""
 
     def change(deps: AgentDeps) -> AgentDeps:
-        kubelet_socket = os.path.join(deps.plugin_dir, "kubelet.sock")
+        build = deps.endpoint_factory
 
-        def factory(handler: ResourceHandler) -> ServedEndpoint:
-            server = CrashableServer(handler, deps.plugin_dir)
-            endpoint = WatchedEndpoint(server, kubelet_socket)
+        def factory(handler: ResourceHandler) -> PluginEndpoint:
+            endpoint = build(handler)
+            assert isinstance(endpoint, KubeletEndpoint)
             endpoints[handler.resource_name] = endpoint
             return endpoint
 

@@ -7,18 +7,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_harness import STOP_TIMEOUT_S, shutdown_all
 
+from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.nfd_file import parse
-from gpuslice.core.ports import LabelSink
+from gpuslice.config.settings import Settings
+from gpuslice.core.errors import BackendError
+from gpuslice.core.ports import GpuBackend, LabelSink
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.demo import write_configmap_volume
-from gpuslice.services.agent import Settings
+from gpuslice.services.agent import AgentDeps
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.node import Node
 from gpuslice.wiring import RunOptions, node_deps
@@ -69,6 +73,31 @@ class RecordingSink:
         async with self._cond:
             await asyncio.wait_for(self._cond.wait_for(lambda: bool(self.published)), timeout_s)
         return self.published[-1]
+
+
+class GatedOpen:
+    """Opens the simulated backend only once the test releases it, as NVML may take
+    seconds to initialise: `opening` is set when the agent starts opening it."""
+
+    def __init__(self, hardware: str, timeout_s: float = 10.0) -> None:
+        self.hardware = hardware
+        self.opening = threading.Event()
+        self.released = threading.Event()
+        self._timeout_s = timeout_s
+        self._events: str | None = None
+
+    def install(self, deps: AgentDeps) -> AgentDeps:
+        self._events = os.path.join(deps.plugin_dir, "events.jsonl")
+        return dataclasses.replace(deps, open_backend=self._open)
+
+    def _open(self) -> GpuBackend:  # on the agent's worker thread
+        self.opening.set()
+        if not self.released.wait(self._timeout_s):
+            raise BackendError("the test never released the backend's open")
+        return FakeBackend.from_spec(self.hardware, self._events)
+
+    async def wait_opening(self, timeout_s: float = 5.0) -> None:
+        assert await asyncio.to_thread(self.opening.wait, timeout_s), "the open never started"
 
 
 @dataclass
@@ -159,6 +188,7 @@ class NodeLauncher:
         flags: Mapping[str, str] | None = None,
         api: MemoryNodeApi | None = None,
         wait_ready: bool = True,
+        change: Callable[[AgentDeps], AgentDeps] | None = None,
     ) -> RunningNode:
         directory = self.work / f"configs-{len(self._running)}"
         directory.mkdir()
@@ -178,6 +208,8 @@ class NodeLauncher:
             fake_events=os.path.join(self.plugin_dir, "events.jsonl"),
         )
         deps = node_deps(opts, api)
+        if change is not None:
+            deps = dataclasses.replace(deps, agent=change(deps.agent))
         sink = None
         if deps.labels is not None:
             (inner,) = deps.labels.sinks

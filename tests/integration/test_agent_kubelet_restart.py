@@ -21,8 +21,10 @@ from agent_harness import (
 )
 
 from gpuslice.core.resources import socket_name
-from gpuslice.services.plugin_manager import RETRY_START_S
+from gpuslice.core.restart import REGISTER_RETRY
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
+
+RETRY_START_S = REGISTER_RETRY.first_s  # the first Register retry comes this long after
 
 # After re-registering, a settled agent registers nothing more in this window.
 SETTLE_WINDOW_S = 0.5

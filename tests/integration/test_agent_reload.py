@@ -1,6 +1,7 @@
 """Reload after the config file changed on disk (what SIGHUP does): an unchanged
 resource name keeps its registration and gets a new list, a rename moves the
-devices to a new resource and socket, a broken file keeps the last good config."""
+devices to a new resource and socket, a broken file keeps the last good config, and
+so does a file emptied by a truncated write; each reload is one log line."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from agent_harness import (
     serving,
     write_file,
 )
+from conftest import Logged
+from faults_harness import eventually
 from node_harness import time_slicing
 
 from gpuslice.adapters.kube.memory import MemoryNodeApi
@@ -191,3 +194,95 @@ async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_d
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+EMPTY = ["", "\n   \n", "# sharing:\n#   timeSlicing: ...\n"]
+
+
+@pytest.mark.parametrize("empty", EMPTY, ids=["zero-bytes", "whitespace", "comments"])
+async def test_an_emptied_config_file_keeps_the_last_good_one_until_version_v1(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path, empty: str
+) -> None:
+    """A file that had content and is empty on SIGHUP was most likely cut short while
+    being written: serving it would drop all sharing (16 replicas to 4 GPUs). The last
+    good config stays; `version: v1` alone asks for the defaults on purpose."""
+    running = await _started(kubelet, launcher, config)
+    updates = kubelet.updates(GPU)
+
+    write_file(config, empty)
+    assert await running.agent.reload() is False
+    assert running.served == {GPU: 16}
+    assert kubelet.updates(GPU) == updates
+    assert running.agent.rejected == (
+        f"config rejected, keeping the last good one: {config}: the config is empty (no "
+        "content: zero bytes, whitespace or comments only), most likely a truncated write; "
+        "write `version: v1` to serve the defaults on purpose"
+    )
+
+    write_file(config, "version: v1\n")
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
+    assert running.agent.rejected is None
+
+
+async def test_an_empty_file_at_start_serves_the_defaults_and_may_stay_empty(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path
+) -> None:
+    """At start there is nothing to keep: an empty file means the defaults, and a reload
+    that finds it still empty changes nothing; content later is served as usual."""
+    write_file(config, "")
+    running = await launcher.start("t4x4", config=config)
+    await running.registered(kubelet)
+    assert running.served == {GPU: 4}
+
+    write_file(config, "# nothing yet\n")
+    assert await running.agent.reload()
+    write_file(config, time_slicing(4))
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 16}))
+
+
+async def test_an_emptied_file_on_sighup_is_an_event_and_a_readiness_detail(
+    kubelet: KubeletStandin, plugin_dir: str, config: Path
+) -> None:
+    """Through the reload event SIGHUP sets, in a cluster: the ConfigRejected Event on the
+    Node and /readyz's detail say the empty file was refused."""
+    api = MemoryNodeApi({"node-1": {}})
+    opts = RunOptions(
+        cli_values={
+            "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
+            "config-file": str(config),
+            "node-name": "node-1",
+            "labels": "false",
+        },
+        fake_hardware="t4x4",
+    )
+    node = Node(node_deps(opts, api))
+    stop, reload = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(node.run(stop, reload))
+    try:
+        await kubelet.wait_for(lambda k: serving(k, {GPU: 16}))
+        write_file(config, "")
+        reload.set()
+        await eventually(lambda: bool(api.events), "the ConfigRejected Event")
+        (event,) = api.events
+        assert event.reason == "ConfigRejected"
+        assert "the config is empty" in event.message
+        assert node.readiness()[1]["config"] == {"ok": False, "detail": event.message}
+        assert serving(kubelet, {GPU: 16})
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_reload_is_one_line_with_each_resource_before_and_after(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path, logged: Logged
+) -> None:
+    running = await _started(kubelet, launcher, config)
+    (started,) = [e for e in logged if e["event"] == "agent_started"]
+    assert (started["config"], started["gpus"]) == (str(config), "4x Tesla T4")
+    write_file(config, time_slicing(8))
+    assert await running.agent.reload()
+    (applied,) = [e for e in logged if e["event"] == "config_applied"]
+    assert applied["config"] == str(config)
+    assert applied["changes"] == "nvidia.com/gpu 16 -> 32 devices"

@@ -1,11 +1,18 @@
 """`gpuslice` as a real process: `run` against the kubelet stand-in (register,
-SIGHUP, SIGTERM, start-up errors, no NVML), `demo`, `inspect` and `config validate`."""
+SIGHUP, SIGTERM, start-up errors, no NVML), JSON logs, `demo` (also from an installed
+wheel), `inspect` and `config validate`."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
+import venv
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -174,14 +181,57 @@ async def test_without_nvml_and_fail_on_init_error_false_it_waits_until_sigterm(
 def test_demo_exits_zero_and_shows_the_allocation_and_the_fault() -> None:
     result = run_once("demo")
     assert result.returncode == 0, result.stderr
-    out = result.stdout
+    _assert_demo_output(result.stdout, result.stderr)
+
+
+def _assert_demo_output(out: str, err: str) -> None:
     assert "notebook-alice/jupyter" in out
     assert "NVIDIA_VISIBLE_DEVICES" in out
     assert "XID 79" in out
     assert "now Unhealthy: 4" in out
     assert "a new pod still gets a healthy GPU" in out
     assert "plugin sockets left behind: none" in out
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in err
+
+
+def test_demo_runs_from_an_installed_wheel_outside_the_checkout(tmp_path: Path) -> None:
+    """The wheel carries what the demo needs: built from this tree, installed into a fresh
+    venv (the locked dependencies reached through a path entry, not the editable install)
+    and run from a directory that is not the checkout."""
+    repo = Path(__file__).resolve().parents[2]
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(repo)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    if build.returncode != 0 and "hatchling" in build.stderr and "No matching" in build.stderr:
+        pytest.skip("the build backend (hatchling) cannot be fetched here")
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("gpuslice-*.whl")
+    assert "gpuslice/data/dgx-a100-demo.yaml" in zipfile.ZipFile(wheel).namelist()
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+    subprocess.run([*install, "--no-deps", "--no-index", str(wheel)], check=True, timeout=120)
+    (site,) = (env_dir / "lib").glob("python3*/site-packages")
+    deps = next(p for p in map(Path, sys.path) if p.name == "site-packages" and p.is_dir())
+    (site / "locked-deps.pth").write_text(f"{deps}\n")  # a plain path: its .pth files stay off
+
+    where = subprocess.run(
+        [python, "-c", "import gpuslice; print(gpuslice.__file__)"],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert where.stdout.startswith(str(site)), where.stdout
+    result = subprocess.run(
+        [env_dir / "bin" / "gpuslice", "demo"],
+        capture_output=True, text=True, check=False, cwd=tmp_path, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    _assert_demo_output(result.stdout, result.stderr)
 
 
 INSPECT = {
@@ -241,3 +291,117 @@ def test_config_validate_rejects_each_invalid_example_in_one_line(path: Path) ->
     line = _one_error_line(result.stderr)
     expected = path.read_text().splitlines()[0].removeprefix("# error: ")
     assert line == f"gpuslice: error: {path}: {expected}"
+
+
+# ---- one-line errors a process ends with, and JSON logs
+
+
+def _json_lines(lines: list[str]) -> list[dict[str, object]]:
+    """Every line parsed as a JSON object (fails on the first line that is not one)."""
+    events = []
+    for line in lines:
+        event = json.loads(line)
+        assert isinstance(event, dict), line
+        events.append(event)
+    return events
+
+
+async def test_json_logs_make_grpc_core_lines_and_the_final_error_json(
+    plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """GRPC_VERBOSITY=debug makes gRPC C-core write to stderr as the plugin server starts;
+    then the plugin socket is replaced by a directory, so the server cannot be restarted
+    and the agent exits 1 once its restart budget is spent. Every line is JSON."""
+    proc = await _run(
+        processes,
+        plugin_dir,
+        *("--fake-hardware", "t4", "--labels", "false", "--log-format", "json"),
+        env=clean_env(GRPC_VERBOSITY="debug"),
+    )
+    sock = os.path.join(plugin_dir, "nvidia-gpu.sock")
+    await proc.wait_for_line(sock)  # serving on it
+    os.unlink(sock)
+    os.mkdir(sock)
+    rc, _ = await proc.wait(30)
+    assert rc == 1
+    events = _json_lines(proc.lines)
+    assert any(e["event"] == "grpc_core" for e in events), proc.log
+    last = events[-1]
+    assert (last["event"], last["level"], last["exit_code"]) == ("exit_on_error", "error", 1)
+    assert "nvidia.com/gpu" in str(last["error"])
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["run", "--log-format", "json", "--mig-strategy", "mix"], "--mig-strategy"),
+        (["labels", "--log-format=json", "--kube-api-qps", "fast"], "--kube-api-qps"),
+        (["run", "--log-format", "json", "--kubelet-sockt", "/x"], "--kubelet-sockt"),
+    ],
+)
+def test_json_logs_make_an_early_error_one_json_event(args: list[str], flag: str) -> None:
+    """A bad value or an unknown option, refused before anything runs, is one JSON event."""
+    result = run_once(*args)
+    assert result.returncode != 0
+    (event,) = _json_lines(result.stderr.splitlines())
+    assert event["event"] == "exit_on_error"
+    assert flag in str(event["error"])
+
+
+@pytest.fixture
+def port_in_use() -> Iterator[str]:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield f"127.0.0.1:{taken.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("case", ["in use", "not on this host", "bad port", "bad host"])
+async def test_a_status_address_it_cannot_use_is_one_line_naming_the_flag(
+    plugin_dir: str, processes: list[AgentProcess], port_in_use: str, case: str
+) -> None:
+    address = {
+        "in use": port_in_use,  # with hostNetwork, any process on the node
+        "not on this host": "192.0.2.1:8080",  # TEST-NET-1
+        "bad port": "127.0.0.1:99999",
+        "bad host": "-" * 70 + ":8080",
+    }[case]
+    proc = await _run(
+        processes, plugin_dir, "--fake-hardware", "t4", "--labels", "false",
+        "--status-address", address,
+    )  # fmt: skip
+    rc, _ = await proc.wait()
+    assert rc == 1
+    line = _one_error_line(proc.log)
+    assert line.startswith("gpuslice: error: --status-address")
+    assert address in line
+    assert _plugin_sockets(plugin_dir) == []
+
+
+KUBECONFIGS = {
+    "not YAML": "clusters: [a\n",
+    "not a mapping": "just a string\n",
+    "wrong types": "apiVersion: v1\nclusters: 5\n",
+    "no clusters": "apiVersion: v1\nkind: Config\ncurrent-context: x\n",
+    "bad server URL": (
+        "apiVersion: v1\nkind: Config\ncurrent-context: a\n"
+        "clusters: [{name: a, cluster: {server: '::::'}}]\n"
+        "contexts: [{name: a, context: {cluster: a, user: u}}]\n"
+        "users: [{name: u, user: {token: x}}]\n"
+    ),
+    "not UTF-8": b"\xff\xfe\x00",
+}
+
+
+@pytest.mark.parametrize("case", KUBECONFIGS)
+def test_a_malformed_kubeconfig_is_one_line_naming_the_flag(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "kubeconfig"
+    content = KUBECONFIGS[case]
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    result = run_once(
+        "labels", "--oneshot", "--fake-hardware", "t4", "--node-name", "n1",
+        "--kubeconfig", str(path),
+    )  # fmt: skip
+    assert result.returncode == 1
+    line = _one_error_line(result.stderr)
+    assert line.startswith(f"gpuslice: error: --kubeconfig (KUBECONFIG) {path}: not a usable")

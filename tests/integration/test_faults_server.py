@@ -1,8 +1,9 @@
-"""A device-plugin server that dies or cannot start: the plugin manager starts it
+"""A device-plugin server that dies or cannot start: its supervisor starts it
 again and re-registers, within a budget (more than 5 failures of one resource,
 each within an hour of the previous, as upstream); once the budget is spent the
 agent stops everything and run() raises PluginServerFailed, so `gpuslice run`
-exits non-zero with one line and Kubernetes restarts the pod."""
+exits non-zero with one line and Kubernetes restarts the pod. The agents here
+serve through the endpoints `gpuslice run` builds: the crash watch is theirs."""
 
 from __future__ import annotations
 
@@ -16,62 +17,66 @@ from collections.abc import AsyncIterator, Callable, Collection
 
 import pytest
 from agent_harness import EXAMPLES, GPU, RunningAgent, is_socket, registrations, serving
+from conftest import Logged
 from faults_harness import (
     Census,
-    CrashableServer,
     FaultLauncher,
-    WatchedEndpoint,
+    end_grpc_server,
     eventually,
     no_leaks,
+    recorded_endpoints,
     summary_ms,
-    watched_endpoints,
 )
 
-from gpuslice.adapters.kubelet.server import ServerError
+from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
+from gpuslice.adapters.kubelet.server import DevicePluginServer, ServerError
+from gpuslice.core.ports import PluginEndpoint
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
+from gpuslice.core.restart import RestartBudget
 from gpuslice.services.agent import AgentDeps, AgentTaskFailed
-from gpuslice.services.plugin_manager import (
-    PluginManager,
-    PluginServerFailed,
-    RestartBudget,
-    ServedEndpoint,
-)
+from gpuslice.services.plugin_manager import PluginManager, PluginServerFailed
 from gpuslice.services.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
 
 QUICK = RestartBudget(first_delay_s=0.01, max_delay_s=0.05)  # upstream's count, short backoff
+# Room to act between the first failed starts and the sixth.
+SLOWER = RestartBudget(first_delay_s=0.05, max_delay_s=0.2)
 
 
-def _quick(change: Callable[[AgentDeps], AgentDeps] | None = None) -> Callable[..., AgentDeps]:
+def _quick(
+    change: Callable[[AgentDeps], AgentDeps] | None = None, budget: RestartBudget = QUICK
+) -> Callable[..., AgentDeps]:
     def apply(deps: AgentDeps) -> AgentDeps:
         deps = change(deps) if change else deps
-        return dataclasses.replace(deps, restart_budget=QUICK)
+        return dataclasses.replace(deps, restart_budget=budget)
 
     return apply
 
 
 async def _watched(
     kubelet: KubeletStandin, faults: FaultLauncher
-) -> tuple[RunningAgent, WatchedEndpoint]:
-    endpoints: dict[str, WatchedEndpoint] = {}
+) -> tuple[RunningAgent, dict[str, KubeletEndpoint]]:
+    """An agent wired as `gpuslice run` wires it; its endpoints, the latest by resource."""
+    endpoints: dict[str, KubeletEndpoint] = {}
     running = await faults.start_with(
-        _quick(watched_endpoints(endpoints)), "t4x4", config=EXAMPLES / "time-slicing.yaml"
+        _quick(recorded_endpoints(endpoints)), "t4x4", config=EXAMPLES / "time-slicing.yaml"
     )
     await running.registered(kubelet)
-    return running, endpoints[GPU]
+    return running, endpoints
 
 
 async def test_a_server_that_dies_is_started_again_and_re_registered(
-    kubelet: KubeletStandin, faults: FaultLauncher
+    kubelet: KubeletStandin, faults: FaultLauncher, logged: Logged
 ) -> None:
-    running, endpoint = await _watched(kubelet, faults)
-    await endpoint.server.crash()  # warm-up: every path runs once before the census
+    running, endpoints = await _watched(kubelet, faults)
+    server = endpoints[GPU].server
+    await end_grpc_server(server)  # warm-up: every path runs once before the census
     await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 16}))
     before, times = Census.take(), []
     for n in range(3, 6):
         started = time.monotonic()
-        await endpoint.server.crash()
+        await end_grpc_server(server)
         await kubelet.wait_for(lambda k, n=n: registrations(k)[GPU] == n and serving(k, {GPU: 16}))
         times.append(time.monotonic() - started)
     print(f"gRPC server died -> serving and re-registered: {summary_ms(times)}")
@@ -81,7 +86,8 @@ async def test_a_server_that_dies_is_started_again_and_re_registered(
         assert took >= min(QUICK.first_delay_s * 2 ** (failures - 1), QUICK.max_delay_s)
     manager = running.agent.manager
     assert manager.server_failures == 4
-    assert endpoint.starts == 5
+    assert [e["resource"] for e in logged if e["event"] == "plugin_serving"] == [GPU] * 5
+    assert [e["failures"] for e in logged if e["event"] == "plugin_server_failed"] == [1, 2, 3, 4]
     assert manager.registered() == {GPU: True}
     assert kubelet.stale_streams == []
     await kubelet.admit("after", {"main": {GPU: 1}})
@@ -92,13 +98,14 @@ async def test_a_server_that_dies_is_started_again_and_re_registered(
 async def test_a_server_that_keeps_dying_makes_the_agent_give_up_with_one_line(
     kubelet: KubeletStandin, faults: FaultLauncher
 ) -> None:
-    running, endpoint = await _watched(kubelet, faults)
+    running, endpoints = await _watched(kubelet, faults)
+    server = endpoints[GPU].server
     for n in range(2, 7):  # five failures: each one restarted
-        await endpoint.server.crash()
+        await end_grpc_server(server)
         await kubelet.wait_for(lambda k, n=n: registrations(k)[GPU] == n)
     assert not running.task.done()
 
-    await endpoint.server.crash()  # the sixth within the hour
+    await end_grpc_server(server)  # the sixth within the hour
     with pytest.raises(PluginServerFailed) as failed:
         await asyncio.wait_for(asyncio.shield(running.task), 5)
     message = str(failed.value)
@@ -114,8 +121,10 @@ async def test_a_server_that_keeps_dying_makes_the_agent_give_up_with_one_line(
 
 async def _blocked(kubelet: KubeletStandin, faults: FaultLauncher) -> tuple[RunningAgent, str]:
     """A registered agent whose socket path then holds a directory: start() cannot
-    replace it (the next kubelet restart makes the agent try)."""
-    running = await faults.start_with(_quick(), "t4x4", config=EXAMPLES / "time-slicing.yaml")
+    replace it (the deleted socket, or the next kubelet restart, makes the agent try)."""
+    running = await faults.start_with(
+        _quick(budget=SLOWER), "t4x4", config=EXAMPLES / "time-slicing.yaml"
+    )
     await running.registered(kubelet)
     path = running.socket("nvidia-gpu.sock")
     _block_socket_path(path)
@@ -185,6 +194,9 @@ class _FakeEndpoint:
     def current(self) -> bool:
         return not self._down.is_set()
 
+    def socket_present(self) -> bool:
+        return not self._down.is_set()
+
     def down(self) -> str | None:
         return "went down" if self._down.is_set() else None
 
@@ -205,11 +217,19 @@ class _FakeEndpoint:
 
 
 class _Clock:
+    """The manager's clock and sleep: time moves only when a test moves it, and each
+    sleep records its delay and lets the loop run once."""
+
     def __init__(self) -> None:
         self.now = 0.0
+        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        await asyncio.sleep(0)
 
 
 async def _managed(
@@ -217,10 +237,10 @@ async def _managed(
 ) -> tuple[PluginManager, _FakeEndpoint, _Clock]:
     endpoint, clock = _FakeEndpoint(), _Clock()
 
-    def factory(handler: ResourceHandler) -> ServedEndpoint:
+    def factory(handler: ResourceHandler) -> PluginEndpoint:
         return endpoint
 
-    manager = PluginManager(factory, budget=budget, clock=clock)
+    manager = PluginManager(factory, budget=budget, clock=clock, sleep=clock.sleep)
     await manager.apply([Resource(name="example.com/widget", devices=())], AllocateOptions(), None)
     await endpoint.started(1)
     return manager, endpoint, clock
@@ -258,12 +278,10 @@ async def test_failed_starts_count_and_back_off_doubling() -> None:
     budget = RestartBudget(max_restarts=3, first_delay_s=0.02, max_delay_s=1.0)
     endpoint, clock = _FakeEndpoint(), _Clock()
     endpoint.failing_starts = 3
-    manager = PluginManager(lambda h: endpoint, budget=budget, clock=clock)
-    started = time.monotonic()
+    manager = PluginManager(lambda h: endpoint, budget=budget, clock=clock, sleep=clock.sleep)
     await manager.apply([Resource(name="example.com/widget", devices=())], AllocateOptions(), None)
     await endpoint.started(4)  # three failures, then it starts
-    elapsed = time.monotonic() - started
-    assert 0.02 + 0.04 + 0.08 <= elapsed < 1.0
+    assert clock.slept == [0.02, 0.04, 0.08]
     await eventually(lambda: manager.registered() == {"example.com/widget": True}, "registered")
     assert not manager.failed.is_set()
     await manager.stop()
@@ -276,9 +294,9 @@ async def test_a_server_that_died_is_known_as_such_even_when_stop_comes_first(
     deleted-socket path may call stop() before the termination watch has run:
     stop() must still report the death (this reads grpc.aio's core state)."""
     handler = ResourceHandler(Resource(name=GPU, devices=()), AllocateOptions())
-    server = CrashableServer(handler, plugin_dir)
+    server = DevicePluginServer(handler, plugin_dir)
     await server.start()
-    await server.crash()
+    await end_grpc_server(server)
     await server.stop()
     assert server.down() == f"the gRPC server for {GPU} stopped on its own"
 
@@ -294,7 +312,7 @@ async def test_a_directory_put_at_the_socket_path_is_neither_served_nor_removed(
     """Even when the directory reuses the socket's inode number, the server knows
     the file is no longer its socket: stop() leaves it and start() says why."""
     handler = ResourceHandler(Resource(name=GPU, devices=()), AllocateOptions())
-    server = CrashableServer(handler, plugin_dir)
+    server = DevicePluginServer(handler, plugin_dir)
     await server.start()
     _block_socket_path(server.socket_path)
     assert not server.socket_present()

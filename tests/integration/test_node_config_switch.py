@@ -1,6 +1,8 @@
 """Per-node configs applied live against the kubelet stand-in: the node label and the
 mounted ConfigMap choose the config; only what changed is touched; a broken config keeps
-the last good one serving and says so (Event, readiness); a reload goes to the manager."""
+the last good one serving and says so (Event, readiness); a reload goes to the manager;
+a change that races with start-up is served, not only reported; per-node mode without a
+node name refuses to start."""
 
 from __future__ import annotations
 
@@ -11,19 +13,28 @@ from pathlib import Path
 
 import pytest
 from agent_harness import GPU, is_socket, registrations, serving, write_file
+from click.testing import CliRunner
+from conftest import Logged
+from faults_harness import eventually
 from node_harness import (
     CONFIGS,
     NODE,
     REJECTED,
     SHARED,
     WITHIN_S,
+    GatedOpen,
     NodeLauncher,
     RunningNode,
     time_slicing,
 )
 
+from gpuslice import __version__, cli
 from gpuslice.adapters.kube import objects
+from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.core.errors import ConfigError
+from gpuslice.demo import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.wiring import RunOptions, node_deps
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 
@@ -213,3 +224,133 @@ async def test_a_reload_goes_to_the_manager_and_reads_what_no_watch_saw(
     await kubelet.wait_for(lambda k: serving(k, {GPU: 12}), WITHIN_S)
     assert registrations(kubelet) == {GPU: 1}
     assert running.manager.status.config == "ts-4"
+
+
+async def test_a_label_flip_while_the_backend_opens_is_served_and_then_reported(
+    kubelet: KubeletStandin, nodes: NodeLauncher, logged: Logged
+) -> None:
+    """The label flips to ts-8 while the GPU backend is still opening (NVML can take
+    seconds). The kubelet must get ts-8's list and readiness name ts-8, reported only once
+    it is served: before, the flip was logged and shown as applied at once while the agent
+    went on to serve the config it had read before the open, and the kubelet kept the old
+    list until the next change."""
+    gate = GatedOpen("t4x4")
+    running = await nodes.start(wait_ready=False, change=gate.install)
+    await gate.wait_opening()
+    reads = running.manager.checks
+    running.set_label("ts-8")
+
+    def flip_taken_in() -> bool:
+        # Seen, and then either read (and, before the fix, "applied") or queued behind the
+        # first config, which waits until the agent serves it.
+        seen = any(e["event"] == "config_label_changed" and e["new"] == "ts-8" for e in logged)
+        status = running.manager.status
+        return seen and (running.manager.checks > reads or status.detail.startswith("applying"))
+
+    await eventually(flip_taken_in, "the manager took in the label flip")
+    assert not running.manager.status.ok  # nothing is served yet, so nothing is "applied"
+    gate.released.set()
+
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 32}), 5.0)
+    await running.checked(0, lambda: running.manager.status.config == "ts-8")
+    ready, details = running.node.readiness()
+    assert ready
+    assert details["config"] == {
+        "config": "ts-8",
+        "ok": True,
+        "detail": "label nvidia.com/device-plugin.config=ts-8",
+    }
+    assert running.served == {GPU: 32}
+    assert registrations(kubelet) == {GPU: 1}
+    applied = [e for e in logged if e["event"] == "config_applied"]
+    assert [(e["config"], e["changes"]) for e in applied] == [
+        ("ts-8", "nvidia.com/gpu 16 -> 32 devices")
+    ]
+
+
+async def test_the_start_and_each_switch_are_logged_in_one_line(
+    kubelet: KubeletStandin, nodes: NodeLauncher, logged: Logged
+) -> None:
+    """Start: the version, the config in force (name, source, one-line summary), the GPUs
+    found and what is served. A switch: per resource, before -> after."""
+    running = await _started(kubelet, nodes)
+    (started,) = [e for e in logged if e["event"] == "agent_started"]
+    assert started["version"] == __version__
+    assert started["config"] == "ts-4"
+    assert started["source"].endswith("/ts-4")
+    assert "nvidia.com/gpu: 4 replicas" in started["summary"]
+    assert "\n" not in started["summary"]
+    assert started["gpus"] == "4x Tesla T4"
+    assert started["serving"] == "nvidia.com/gpu 16 devices"
+
+    seen = running.manager.checks
+    running.set_label("shared-4")
+    await running.checked(seen, lambda: running.manager.status.config == "shared-4")
+    (applied,) = [e for e in logged if e["event"] == "config_applied"]
+    assert applied["config"] == "shared-4"
+    assert applied["changes"] == (
+        "nvidia.com/gpu removed (16 devices), nvidia.com/gpu.shared added with 16 devices"
+    )
+
+
+@pytest.mark.parametrize("empty", ["", "\n  \n", "# truncated\n", "---\n"])
+async def test_an_entry_emptied_keeps_the_last_good_one_and_says_so(
+    kubelet: KubeletStandin, nodes: NodeLauncher, empty: str
+) -> None:
+    """A config that had content and becomes empty is read as a truncated write: ts-4
+    stays in force, with the Event and the readiness detail; `version: v1` alone is the
+    deliberate empty config and is served (4 whole GPUs)."""
+    running = await _started(kubelet, nodes)
+    seen = running.manager.checks
+    running.update_configmap({**CONFIGS, "ts-4": empty})
+    await running.checked(seen, lambda: not running.manager.status.ok)
+    assert running.served == {GPU: 16}
+    (event,) = running.api.events
+    assert event.reason == REJECTED
+    assert event.message.startswith("config rejected, keeping ts-4: ")
+    assert "the config is empty" in event.message
+    assert "write `version: v1` to serve the defaults on purpose" in event.message
+    assert running.node.readiness()[1]["config"] == {
+        "config": "ts-4",
+        "ok": False,
+        "detail": event.message,
+    }
+
+    seen = running.manager.checks
+    running.update_configmap({**CONFIGS, "ts-4": "version: v1\n"})
+    await running.checked(seen, lambda: running.manager.status.ok)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), WITHIN_S)
+
+
+async def test_an_empty_entry_is_served_at_start(
+    kubelet: KubeletStandin, nodes: NodeLauncher
+) -> None:
+    """At start there is nothing to keep: an empty entry means the defaults."""
+    running = await _started(kubelet, nodes, configs={**CONFIGS, "blank": ""}, default="blank")
+    assert running.served == {GPU: 4}
+    assert running.manager.status.ok
+
+
+def test_per_node_configs_without_a_node_name_refuse_to_start(tmp_path: Path) -> None:
+    """Without NODE_NAME the label cannot be read, and every node would silently serve
+    the default config: `gpuslice run` stops with one line naming the flag and env var."""
+    write_configmap_volume(str(tmp_path), CONFIGS)
+    opts = RunOptions(cli_values={"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
+    with pytest.raises(ConfigError) as caught:
+        node_deps(opts, MemoryNodeApi())
+    assert str(caught.value) == (
+        f"--config-file-srcdir (CONFIG_FILE_SRCDIR) {tmp_path}: per-node configs need this "
+        "node's name to read its label; set --node-name or NODE_NAME (usually from the "
+        "downward API, fieldPath spec.nodeName), otherwise every node would serve the "
+        "default config"
+    )
+
+    result = CliRunner().invoke(
+        cli.main,
+        ["run", "--fake-hardware", "t4", "--config-file", str(tmp_path), "--kubelet-socket", ""],
+        env={"NODE_NAME": None, "CONFIG_FILE_SRCDIR": None},
+    )
+    assert result.exit_code == 1
+    (line,) = result.output.splitlines()
+    assert line.startswith(f"gpuslice: error: --config-file (CONFIG_FILE), a directory, {tmp_path}")
+    assert "NODE_NAME" in line

@@ -1,9 +1,11 @@
 """The labeller beside the plugin in node mode: the features file (FeatureFile sink) and the
-NodeFeature object (MemoryNodeApi) hold the labels of the config in force after each
-switch, an unchanged relabel writes nothing, and stopping removes the file as GFD does."""
+NodeFeature object (MemoryNodeApi) come to hold the labels of the config in force after each
+switch (published in the background), an unchanged relabel writes nothing, and stopping
+removes the file as GFD does."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -48,8 +50,7 @@ async def _start(nodes: NodeLauncher, sink: str, tmp_path: Path) -> tuple[Runnin
 
 
 def _core(labels: dict[str, str] | None) -> dict[str, str]:
-    assert labels is not None
-    return {k: labels[k] for k in (PRODUCT, COUNT, REPLICAS, STRATEGY)}
+    return {k: v for k, v in (labels or {}).items() if k in (PRODUCT, COUNT, REPLICAS, STRATEGY)}
 
 
 SINKS = ["features-file", "node-feature"]
@@ -73,11 +74,18 @@ async def test_the_labels_follow_every_config_switch(
         ("h100-mps", {PRODUCT: "Tesla-T4", COUNT: "4", REPLICAS: "4", STRATEGY: "time-slicing"}),
         (None, {PRODUCT: "Tesla-T4-SHARED", COUNT: "4", REPLICAS: "4", STRATEGY: "time-slicing"}),
     ]
+    labeller = running.node.labeller
+    assert labeller is not None
     for label, expected in steps:
         seen = running.manager.checks
         running.set_label(label)
-        await running.checked(seen, lambda: True)  # labels are published before a read ends
-        assert _core(read()) == expected, f"after label {label}"
+        await running.checked(seen, lambda: True)
+
+        # Labels follow in the background, after the config is in force.
+        def published(want: dict[str, str] = expected) -> bool:
+            return _core(read()) == want
+
+        await asyncio.wait_for(labeller.wait_for(published), WITHIN_S)
     assert running.manager.status.config == "ts-4"  # h100-mps was rejected on the way
     await kubelet.wait_for(lambda k: serving(k, {GPU: 16}), WITHIN_S)
 
@@ -91,7 +99,9 @@ async def test_the_labels_follow_a_configmap_edit(
     seen = running.manager.checks
     running.update_configmap({**CONFIGS, "ts-4": CONFIGS["ts-8"]})
     await running.checked(seen, lambda: running.served == {GPU: 32})
-    assert _core(read())[REPLICAS] == "8"
+    assert running.node.labeller is not None
+    replicas_8 = running.node.labeller.wait_for(lambda: _core(read()).get(REPLICAS) == "8")
+    await asyncio.wait_for(replicas_8, WITHIN_S)
 
 
 async def test_an_unchanged_relabel_or_reload_writes_nothing(
@@ -149,6 +159,8 @@ async def test_renamed_resource_keeps_the_original_label_group(
     running.set_label("shared-4")
     await running.checked(seen, lambda: running.manager.status.config == "shared-4")
     await kubelet.wait_for(lambda k: serving(k, {SHARED: 16}), WITHIN_S)
+    assert running.node.labeller is not None
+    await running.node.labeller.wait_for(lambda: _core(read()).get(PRODUCT) == "Tesla-T4")
     labels = read()
     assert labels is not None
     assert labels[PRODUCT] == "Tesla-T4"

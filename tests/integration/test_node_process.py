@@ -47,6 +47,7 @@ async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports
             "--fake-hardware", "t4x4",
             "--kubelet-socket", os.path.join(plugin_dir, "kubelet.sock"),
             "--config-file-srcdir", str(configs),
+            "--node-name", "gpu-node-7",
             "--default-config", "ts-4",
             "--status-address", "127.0.0.1:0",
         ]

@@ -9,7 +9,8 @@ Directories are watched rather than files, so these all show up:
 - a mounted ConfigMap updated by swapping its `..data` symlink: ("..data", "created").
 
 A replaced entry is reported as created. inotify reports a delete followed by a
-create separately; polling sees only the state at each tick.
+create separately; polling sees only the state at each tick. A directory that
+does not exist yet is polled until it appears, then watched with inotify.
 
     async with DirWatcher(path, {"kubelet.sock"}) as watcher:
         async for name, kind in watcher:
@@ -97,7 +98,10 @@ class DirWatcher:
 
     async def __aenter__(self) -> DirWatcher:
         self._seen = self._scan()
-        if not (self._use_inotify and self._start_inotify()):
+        if self._use_inotify and not _is_dir(self.path):
+            _log.debug("fswatch_waiting_for_directory", path=self.path)
+            self._start_polling(until_present=True)
+        elif not (self._use_inotify and self._start_inotify()):
             self._start_polling()
         return self
 
@@ -197,14 +201,22 @@ class DirWatcher:
 
     # polling
 
-    def _start_polling(self) -> None:
+    def _start_polling(self, *, until_present: bool = False) -> None:
         self.mode = POLL
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
+        self._poller = asyncio.get_running_loop().create_task(self._poll(until_present))
 
-    async def _poll(self) -> None:
+    async def _poll(self, until_present: bool) -> None:
+        """Poll; with `until_present`, only until the directory exists and inotify
+        can watch it."""
         while True:
             await asyncio.sleep(self.poll_interval)
             self._rescan()
+            if until_present and _is_dir(self.path):
+                if self._start_inotify():
+                    self._poller = None
+                    self._rescan()  # what changed before the watch was in place
+                    return
+                until_present = False  # inotify unavailable (said once): poll on
 
     def _rescan(self) -> None:
         """Report the difference between the last known state and the directory now."""
@@ -236,3 +248,20 @@ class DirWatcher:
 
     def _wanted(self, name: str) -> bool:
         return bool(name) and (self.names is None or name in self.names)
+
+
+async def wait_for_directory(path: str, *, poll_interval: float = 1.0) -> None:
+    """Return once `path` is a directory, watching its parent for it (polled while
+    the parent is missing too)."""
+    parent, name = _split(path)
+    async with DirWatcher(parent, {name}, poll_interval=poll_interval) as watcher:
+        while not _is_dir(path):
+            await anext(watcher)
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+def _split(path: str) -> tuple[str, str]:
+    return os.path.split(os.path.abspath(path))

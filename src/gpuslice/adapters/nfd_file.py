@@ -1,22 +1,20 @@
 """Node labels as an NFD local-source feature file (features.d), GFD's file output.
 
-The file holds `key=value` lines, sorted. It is replaced atomically: the new content goes
-to a hidden temporary file in the same directory (NFD skips names starting with '.'),
-is flushed to disk, then renamed over the old one, so a reader sees the old file or the
-new one, never a part. An unchanged label set (ignoring the timestamp) is not rewritten.
+The file holds `key=value` lines, sorted. It is replaced atomically (atomic_file; NFD
+skips the hidden temporary file), so a reader sees the old file or the new one, never a
+part. An unchanged label set (ignoring the timestamp) is not rewritten.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from gpuslice.adapters.atomic_file import replace_atomically
 from gpuslice.core.errors import BackendError
 from gpuslice.core.labels import labels_changed
 
@@ -74,7 +72,7 @@ class FeatureFile:
         if not labels_changed(self._current(), labels):
             return False
         try:
-            _replace_atomically(self._path, render(labels))
+            replace_atomically(self._path, render(labels))
         except OSError as exc:
             raise BackendError(
                 f"features file {self._path}: cannot write: {exc.strerror or exc}", transient=True
@@ -87,24 +85,3 @@ class FeatureFile:
             return parse(self._path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             return None
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # make the rename itself durable
-    finally:
-        os.close(directory)

@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
+from gpuslice.config.flags import split_address
+from gpuslice.core.errors import BackendError
+
 log = structlog.get_logger("gpuslice.status")
 
 # () -> (ready, details)
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
+NAME = "--status-address (GPUSLICE_STATUS_ADDRESS)"  # what a listen error names
+_WHY = {
+    errno.EADDRINUSE: "the port is in use (with hostNetwork: by any process on the node)",
+    errno.EADDRNOTAVAIL: "not an address of this host",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
 
 
 class StatusServer:
     def __init__(self, address: str, readiness: ReadinessProbe) -> None:
-        host, _, port = address.rpartition(":")
-        self._host = host or "0.0.0.0"  # noqa: S104 - probes come from the kubelet on the node
-        self._port = int(port)
+        split = split_address(address)
+        if split is None:
+            raise BackendError(f"{NAME} {address}: expected host:port")
+        self._address = address
+        self._host = split[0] or "0.0.0.0"  # noqa: S104 - probes come from the kubelet
+        self._port = split[1]
         self._readiness = readiness
         self._server: asyncio.Server | None = None
 
@@ -31,7 +45,15 @@ class StatusServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def __aenter__(self) -> StatusServer:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except socket.gaierror as exc:
+            raise BackendError(f"{NAME} {self._address}: unknown host ({exc.strerror})") from exc
+        except UnicodeError as exc:  # IDNA refuses the name: an empty or over-long label
+            raise BackendError(f"{NAME} {self._address}: not a valid host name") from exc
+        except OSError as exc:
+            why = _WHY.get(exc.errno or 0) or " ".join(str(exc).split())
+            raise BackendError(f"{NAME} {self._address}: cannot listen: {why}") from exc
         log.info("status_serving", address=f"{self._host}:{self.port}")
         return self
 

@@ -45,8 +45,9 @@ EXPECTED: dict[str, str] = {
     "rename": _NAME_TEXT + ", or empty",
     "replicas": f"an integer from 2 to {MAX_REPLICAS}",
     "devices": (
-        '"all", a positive count, or a list of GPU indexes (0), MIG indexes ("0:1") '
-        "or UUIDs (GPU-..., MIG-...)"
+        '"all", a positive count, or a list of GPU indexes (0), MIG indexes ("0:1") or '
+        "UUIDs (GPU-<uuid>, MIG-<uuid>, MIG-GPU-<uuid>/<gi>/<ci>; <uuid> is "
+        "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx in hex)"
     ),
     "timeSlicing.resources": _REPLICATED_TEXT,
     "mps.resources": _REPLICATED_TEXT,
@@ -55,7 +56,12 @@ EXPECTED: dict[str, str] = {
 }
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DEVICE_REF = re.compile(r"[0-9]+|[0-9]+:[0-9]+|(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/.\-]*")
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# Upstream's device references: a GPU index, a MIG index, a GPU UUID, a MIG UUID in its
+# current (MIG-<uuid>) or pre-R470 (MIG-GPU-<uuid>/<gi>/<ci>) form.
+_DEVICE_REF = re.compile(
+    rf"[0-9]+|[0-9]+:[0-9]+|GPU-{_UUID}|MIG-{_UUID}|MIG-GPU-{_UUID}/[0-9]+/[0-9]+"
+)
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
 _UNIT_SECONDS.update(dict.fromkeys(("us", "µs", "μs"), 1e-6))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
 from typing import TypeVar
 
+from gpuslice.config.checks import show
 from gpuslice.config.flags import with_defaults
 from gpuslice.config.v1 import Config, Devices
+from gpuslice.core.container_spec import usable_imex_channels
+from gpuslice.core.errors import ConfigError
 from gpuslice.core.response import AllocateOptions
-from gpuslice.core.sharing import MPS, ReplicaRule, ResourceSettings, SharingPlan
+from gpuslice.core.sharing import MIG_MIXED, MPS, ReplicaRule, ResourceSettings, SharingPlan
 
 T = TypeVar("T")
 
@@ -42,6 +47,39 @@ def allocate_options(config: Config) -> AllocateOptions:
         imex_channel_ids=_set(config.imex.channel_ids),
         allocation_policy=_set(plugin.shared_devices_allocation_policy),
     )
+
+
+def plugin_options(
+    config: Config, imex_present: Collection[int]
+) -> tuple[AllocateOptions, tuple[str, ...]]:
+    """allocate_options under the device plugin's start-up rules, which GPU Feature
+    Discovery does not apply, plus warnings. MPS needs mpsRoot and a MIG strategy other
+    than mixed (ConfigError); a requested IMEX channel missing from `imex_present` (the
+    channels whose device node exists) fails when imex.required (HardwareError) and is
+    left out with a warning otherwise."""
+    config = with_defaults(config)
+    if config.sharing.strategy == MPS:
+        _check_mps(config)
+    options = allocate_options(config)
+    channels, warnings = usable_imex_channels(
+        options.imex_channel_ids, imex_present, required=bool(config.imex.required)
+    )
+    return replace(options, imex_channel_ids=channels), warnings
+
+
+def _check_mps(config: Config) -> None:
+    flags = config.flags
+    if not flags.mps_root:
+        raise ConfigError(
+            f"flags.mpsRoot: got {show(flags.mps_root)}; expected the host directory of the "
+            "MPS daemons' pipes while sharing.mps is in force (--mps-root or MPS_ROOT; "
+            "NVIDIA's Helm chart uses /run/nvidia/mps)"
+        )
+    if flags.mig_strategy == MIG_MIXED:
+        raise ConfigError(
+            f"flags.migStrategy: got {show(flags.mig_strategy)}; expected none or single "
+            "while sharing.mps is in force (MPS cannot share MIG devices, as upstream)"
+        )
 
 
 def _devices(devices: Devices) -> int | tuple[str, ...] | None:

@@ -38,6 +38,7 @@ LIST = "list"  # comma-separated strings
 INT_LIST = "int-list"  # comma-separated integers
 NUMBER = "number"  # a decimal number >= 0
 COUNT = "count"  # an integer >= 0
+ADDRESS = "address"  # host:port, [ipv6]:port or :port (every IPv4 address); empty: off
 
 TRUE_WORDS = ("true", "1", "yes")
 FALSE_WORDS = ("false", "0", "no")
@@ -57,6 +58,10 @@ class Flag:
     kind: str = STRING
     choices: tuple[str, ...] = ()  # allowed values (of each item, for a list)
     aliases: tuple[str, ...] = ()  # further spellings, with their dashes
+    uses: frozenset[str] = frozenset({"run"})  # the commands it has an effect in
+    # further commands that take it without effect, as upstream's binary for that job
+    # does (a DaemonSet's arguments keep working); left out of their --help
+    accepts: frozenset[str] = frozenset()
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -66,6 +71,9 @@ class Flag:
     def param(self) -> str:
         """The Python identifier click derives from the first option name."""
         return self.name.replace("-", "_")
+
+    def taken_by(self, command: str) -> bool:
+        return command in self.uses or command in self.accepts
 
     @property
     def is_bool(self) -> bool:
@@ -83,35 +91,56 @@ class Flag:
         return str(value) if isinstance(value, int) else value or ""
 
 
-def _flag(name: str, env: str, key: str | None, default: FlagValue, help: str, **kw: Any) -> Flag:
-    return Flag(name, tuple(env.split()), key, default, help, **kw)
+def _flag(
+    name: str,
+    env: str,
+    key: str | None,
+    default: FlagValue,
+    help: str,
+    uses: str = "run",
+    accepts: str = "",
+    **kw: Any,
+) -> Flag:
+    """`uses` and `accepts` name commands, space-separated."""
+    using, accepting = frozenset(uses.split()), frozenset(accepts.split())
+    return Flag(name, tuple(env.split()), key, default, help, **kw, uses=using, accepts=accepting)
 
 
 # fmt: off
 FLAGS: tuple[Flag, ...] = (
     _flag("mig-strategy", "MIG_STRATEGY GFD_MIG_STRATEGY", "flags.migStrategy", "none",
-          "how MIG devices are advertised", choices=MIG_STRATEGIES),
+          "how MIG devices are advertised", choices=MIG_STRATEGIES,
+          uses="run labels inspect"),
     _flag("fail-on-init-error", "FAIL_ON_INIT_ERROR GFD_FAIL_ON_INIT_ERROR",
           "flags.failOnInitError", True,
-          "exit when NVML cannot start (false: advertise nothing and wait)", kind=BOOL),
+          "exit when NVML cannot start (false: advertise nothing and wait)", kind=BOOL,
+          uses="run labels"),
     _flag("mps-root", "MPS_ROOT", "flags.mpsRoot", "",
-          "host directory of the MPS control daemons' pipes and logs"),
+          "host directory of the MPS control daemons' pipes and logs",
+          uses="run inspect", accepts="labels"),
     _flag("driver-root", "NVIDIA_DRIVER_ROOT", "flags.nvidiaDriverRoot", "/",
-          "root of the NVIDIA driver installation on the host", aliases=("--nvidia-driver-root",)),
+          "root of the NVIDIA driver installation on the host", aliases=("--nvidia-driver-root",),
+          uses="run", accepts="labels"),
     _flag("dev-root", "NVIDIA_DEV_ROOT", "flags.nvidiaDevRoot", None,
-          "host root of the /dev nodes (default: the driver root)", aliases=("--nvidia-dev-root",)),
+          "host root of the /dev nodes (default: the driver root)", aliases=("--nvidia-dev-root",),
+          uses="run", accepts="labels"),
     _flag("gdrcopy-enabled", "GDRCOPY_ENABLED", "flags.gdrcopyEnabled", False,
-          "give containers GDRCopy", kind=BOOL),
+          "give containers GDRCopy", kind=BOOL,
+          uses="run", accepts="labels"),
     _flag("gds-enabled", "GDS_ENABLED", "flags.gdsEnabled", False,
-          "give containers GPUDirect Storage", kind=BOOL),
+          "give containers GPUDirect Storage", kind=BOOL,
+          uses="run", accepts="labels"),
     _flag("mofed-enabled", "MOFED_ENABLED", "flags.mofedEnabled", False,
-          "give containers MOFED (RDMA) devices", kind=BOOL),
+          "give containers MOFED (RDMA) devices", kind=BOOL,
+          uses="run", accepts="labels"),
     _flag("use-node-feature-api", "GFD_USE_NODE_FEATURE_API USE_NODE_FEATURE_API",
           "flags.useNodeFeatureAPI", True,
-          "publish labels as a NodeFeature object (false: a features.d file)", kind=BOOL),
+          "publish labels as a NodeFeature object (false: a features.d file)", kind=BOOL,
+          uses="run labels"),
     _flag("device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
           "flags.deviceDiscoveryStrategy", "auto", "how GPUs are found",
-          choices=DISCOVERY_STRATEGIES),
+          choices=DISCOVERY_STRATEGIES,
+          uses="", accepts="run labels"),
     _flag("pass-device-specs", "PASS_DEVICE_SPECS", "flags.plugin.passDeviceSpecs", False,
           "return device nodes in Allocate (for the static CPU manager)", kind=BOOL),
     _flag("device-list-strategy", "DEVICE_LIST_STRATEGY", "flags.plugin.deviceListStrategy",
@@ -123,65 +152,86 @@ FLAGS: tuple[Flag, ...] = (
           "cdi.k8s.io/", "prefix of the CDI annotations"),
     _flag("nvidia-cdi-hook-path", "NVIDIA_CDI_HOOK_PATH NVIDIA_CTK_PATH",
           "flags.plugin.nvidiaCTKPath", "/usr/bin/nvidia-ctk",
-          "path of the CDI hook written into CDI specs", aliases=("--nvidia-ctk-path",)),
+          "path of the CDI hook written into CDI specs", aliases=("--nvidia-ctk-path",),
+          uses="", accepts="run"),
     _flag("driver-root-ctr-path", "DRIVER_ROOT_CTR_PATH CONTAINER_DRIVER_ROOT",
           "flags.plugin.containerDriverRoot", "/driver-root",
           "where the driver root is mounted in this container",
-          aliases=("--container-driver-root",)),
+          aliases=("--container-driver-root",),
+          uses="", accepts="run labels"),
     _flag("shared-devices-allocation-policy", "SHARED_DEVICES_ALLOCATION_POLICY",
           "flags.plugin.sharedDevicesAllocationPolicy", "distributed",
           "how shared and MIG devices are picked", choices=ALLOCATION_POLICIES),
     _flag("oneshot", "GFD_ONESHOT", "flags.gfd.oneshot", False,
-          "label once and exit", kind=BOOL),
+          "label once and exit", kind=BOOL,
+          uses="labels"),
     _flag("no-timestamp", "GFD_NO_TIMESTAMP", "flags.gfd.noTimestamp", False,
-          "leave the timestamp label out", kind=BOOL),
+          "leave the timestamp label out", kind=BOOL,
+          uses="run labels"),
     _flag("sleep-interval", "GFD_SLEEP_INTERVAL", "flags.gfd.sleepInterval", "60s",
-          'time between label refreshes ("60s", "1m30s" or "infinite")'),
+          'time between label refreshes ("60s", "1m30s" or "infinite")',
+          uses="run labels"),
     _flag("output-file", "GFD_OUTPUT_FILE", "flags.gfd.outputFile",
           "/etc/kubernetes/node-feature-discovery/features.d/gfd",
-          "features.d file for labels (empty: stdout)", aliases=("--output", "-o")),
+          "features.d file for labels (empty: stdout)", aliases=("--output", "-o"),
+          uses="run labels"),
     _flag("machine-type-file", "GFD_MACHINE_TYPE_FILE", "flags.gfd.machineTypeFile",
-          "/sys/class/dmi/id/product_name", "file that holds the machine type"),
+          "/sys/class/dmi/id/product_name", "file that holds the machine type",
+          uses="run labels inspect"),
     _flag("imex-channel-ids", "IMEX_CHANNEL_IDS", "imex.channelIDs", (),
           "IMEX channels given to every container (empty or 0)", kind=INT_LIST),
     _flag("imex-required", "IMEX_REQUIRED", "imex.required", False,
           "fail when a requested IMEX channel is missing", kind=BOOL),
     _flag("config-file", "CONFIG_FILE GFD_CONFIG_FILE", None, "",
-          "config file, ConfigMap manifest or mounted ConfigMap directory"),
+          "config file, ConfigMap manifest or mounted ConfigMap directory",
+          uses="run labels inspect"),
     _flag("kubelet-socket", "KUBELET_SOCKET", None, KUBELET_SOCKET,
           "kubelet registration socket (empty: do not register)"),
     _flag("cdi-feature-flags", "CDI_FEATURE_FLAGS", None, (),
           "feature flags for CDI spec generation (comma-separated; accepted, no effect: "
-          "no CDI specs are generated)", kind=LIST),
+          "the generated specs have no optional features)", kind=LIST,
+          uses="", accepts="run"),
     _flag("cdi-disable-hooks", "CDI_DISABLE_HOOKS", None, (),
           "hooks left out of generated CDI specs, or all (comma-separated; accepted, no "
-          "effect: no CDI specs are generated)", kind=LIST),
+          "effect: the generated specs have no hooks)", kind=LIST,
+          uses="", accepts="run"),
+    _flag("cdi-spec-dir", "CDI_SPEC_DIR", None, "/var/run/cdi",
+          "directory of the CDI specs written under a cdi-* device-list strategy"),
     _flag("node-name", "NODE_NAME", None, "",
-          "this node's name (labels, per-node config, events)"),
+          "this node's name (labels, per-node config, events)",
+          uses="run labels"),
     _flag("node-label", "NODE_LABEL", None, DEFAULT_LABEL,
           "node label that names the config to use"),
     _flag("config-file-srcdir", "CONFIG_FILE_SRCDIR", None, "",
           "mounted ConfigMap directory of named configs (per-node configs)"),
+    _flag("config-map", "CONFIG_MAP", None, "",
+          "ConfigMap of named configs in --namespace, watched through the API (per-node "
+          "configs, applied within a second of an edit)"),
     _flag("default-config", "DEFAULT_CONFIG", None, "",
           "config to use when the node label is unset"),
     _flag("fallback-strategies", "FALLBACK_STRATEGIES", None, DEFAULT_FALLBACKS,
           "what to use when the label and default are unset (comma-separated)",
           kind=LIST, choices=SELECTION_FALLBACKS),
     _flag("namespace", "NAMESPACE", None, "default",
-          "namespace of the NodeFeature object and Events"),
+          "namespace of the NodeFeature object and Events",
+          uses="run labels"),
     _flag("kubeconfig", "KUBECONFIG", None, "",
-          "kubeconfig file (empty: in-cluster config)"),
+          "kubeconfig file (empty: in-cluster config)",
+          uses="run labels"),
     _flag("kube-api-qps", "KUBE_API_QPS", None, 5.0,
-          "Kubernetes API queries per second (accepted, no effect)", kind=NUMBER),
+          "Kubernetes API queries per second (accepted, no effect)", kind=NUMBER,
+          uses="", accepts="run labels"),
     _flag("kube-api-burst", "KUBE_API_BURST", None, 10,
-          "Kubernetes API request burst (accepted, no effect)", kind=COUNT),
+          "Kubernetes API request burst (accepted, no effect)", kind=COUNT,
+          uses="", accepts="run labels"),
     _flag("pod-name", "POD_NAME", None, "",
-          "this pod's name: owner of the NodeFeature object (set from the downward API)"),
+          "this pod's name: owner of the NodeFeature object (set from the downward API)",
+          uses="run labels"),
     _flag("labels", "GPUSLICE_LABELS", None, "auto",
           "publish node labels beside the plugin: auto (when in a cluster), true or false",
           choices=("auto", "true", "false")),
     _flag("status-address", "GPUSLICE_STATUS_ADDRESS", None, "",
-          "host:port for /healthz and /readyz (empty: off)"),
+          "host:port for /healthz and /readyz (empty: off)", kind=ADDRESS),
 )
 # fmt: on
 
@@ -192,7 +242,9 @@ _EXPECTED_KIND = {
     INT_LIST: "comma-separated integers",
     NUMBER: "a number of 0 or more, such as 5 or 2.5",
     COUNT: "an integer of 0 or more",
+    ADDRESS: "host:port, [ipv6]:port or :port with a port from 0 to 65535, or empty (off)",
 }
+_ADDRESS = re.compile(r"(\[[0-9A-Za-z:.%]+\]|[^\s:\[\]]*):([0-9]{1,5})")
 
 
 class GfdEnv(dict[str, str]):
@@ -255,6 +307,20 @@ def check_settings(cli_values: Mapping[str, str], env: Mapping[str, str]) -> dic
     return values
 
 
+def command_env(command: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the variables of the flags `command` does not take."""
+    foreign = {var for flag in FLAGS if not flag.taken_by(command) for var in flag.env}
+    return {var: value for var, value in environ.items() if var not in foreign}
+
+
+def split_address(text: str) -> tuple[str, int] | None:
+    """(host, port) of a listen address ("" for the host of ":8080"); None if malformed."""
+    match = _ADDRESS.fullmatch(text.strip())
+    if match is None or int(match[2]) > 65535:
+        return None
+    return match[1].removeprefix("[").removesuffix("]"), int(match[2])
+
+
 def _given(
     flag: Flag, cli_values: Mapping[str, str], env: Mapping[str, str]
 ) -> tuple[str, str] | None:
@@ -280,6 +346,8 @@ def _parse(flag: Flag, origin: str, text: str) -> FlagValue:
         return items
     if flag.kind == INT_LIST and all(item.isascii() and item.isdigit() for item in items):
         return tuple(int(item) for item in items)
+    if flag.kind == ADDRESS and (not word or split_address(word)):
+        return word
     if flag.kind in _EXPECTED_KIND:
         raise config_error(origin, "", f"got {show(text)}; expected {_EXPECTED_KIND[flag.kind]}")
     return text

@@ -12,11 +12,8 @@ from collections.abc import Callable
 
 from msgspec.structs import replace
 
-from gpuslice.config.checks import MAX_NAME_LENGTH, FieldError, show
-from gpuslice.config.decode import config_error
+from gpuslice.config.resource_names import SHARED_SUFFIX
 from gpuslice.config.v1 import Config, ReplicatedResources, Resources
-
-SHARED_SUFFIX = ".shared"
 
 _Warn = Callable[[str, str], None]
 
@@ -35,7 +32,7 @@ def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ..
     if sharing.mps is not None and sharing.time_slicing is not None:
         warn("sharing", "both timeSlicing and mps are set; mps is used, timeSlicing is ignored")
     blocks = {
-        attr: _reset(block, f"sharing.{key}", source, warn)
+        attr: _reset(block, f"sharing.{key}", warn)
         for attr, key, block in (
             ("time_slicing", "timeSlicing", sharing.time_slicing),
             ("mps", "mps", sharing.mps),
@@ -51,7 +48,7 @@ def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ..
     return replace(config, sharing=sharing), tuple(warnings)
 
 
-def _reset(block: ReplicatedResources, path: str, source: str, warn: _Warn) -> ReplicatedResources:
+def _reset(block: ReplicatedResources, path: str, warn: _Warn) -> ReplicatedResources:
     seen: set[str] = set()
     entries = []
     for i, entry in enumerate(block.resources):
@@ -65,12 +62,6 @@ def _reset(block: ReplicatedResources, path: str, source: str, warn: _Warn) -> R
             warn(f"{at}.rename", f"renaming is not supported (as upstream); advertised as {target}")
         if entry.devices != "all":
             warn(f"{at}.devices", "selecting devices is not supported (as upstream); using all")
-        try:
-            entries.append(replace(entry, rename=rename, devices="all"))
-        except FieldError:
-            limit = MAX_NAME_LENGTH - len(SHARED_SUFFIX)
-            problem = f"{limit} characters at most, so that renameByDefault can add {SHARED_SUFFIX}"
-            raise config_error(
-                source, f"{at}.name", f"got {show(entry.name)}; expected {problem}"
-            ) from None
+        # A resource a GPU can have is short enough to take the .shared suffix.
+        entries.append(replace(entry, rename=rename, devices="all"))
     return replace(block, resources=tuple(entries))

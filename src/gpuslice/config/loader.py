@@ -34,6 +34,9 @@ class LoadedConfig:
     warnings: tuple[str, ...] = ()
     source: str = ""  # where it came from: a path, or "path[entry]" for a ConfigMap entry
     name: str | None = None  # the ConfigMap entry or directory file it was chosen from
+    # The document had no content at all (zero bytes, whitespace, comments, a bare `---`):
+    # on a reload that is read as a truncated write, not as a wish for the defaults.
+    blank: bool = False
 
 
 def load_config(text: str, *, source: str = "<config>", name: str | None = None) -> LoadedConfig:
@@ -59,7 +62,7 @@ def load_configmap(text: str, *, source: str = "<configmap>") -> dict[str, Loade
 def load_config_file(path: str | os.PathLike[str], *, name: str | None = None) -> LoadedConfig:
     """A config from a file (plain or ConfigMap manifest) or a mounted ConfigMap directory."""
     where = Path(path)
-    if where.is_dir():
+    if os.path.isdir(where):  # False for a path the OS refuses (too long): _read says why
         files = config_dir_entries(where)
         chosen = select_config_name(files, name, source=str(where))
         return replace(load_config_file(files[chosen]), name=chosen)
@@ -166,7 +169,7 @@ def _load_entry(entries: dict[str, str], key: str, source: str) -> LoadedConfig:
 
 def _build(doc: object, source: str, name: str | None) -> LoadedConfig:
     config, warnings = apply_load_rules(decode_config(doc, source), source)
-    return LoadedConfig(config, warnings, source, name)
+    return LoadedConfig(config, warnings, source, name, blank=doc is None)
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -204,7 +207,7 @@ def load_each(
     where = Path(path)
     if name is not None:
         return [_attempt(partial(load_config_file, where, name=name))]
-    if where.is_dir():
+    if os.path.isdir(where):
         files = config_dir_entries(where)
         if not files:
             raise config_error(str(where), "", _NO_FILES)

@@ -22,6 +22,7 @@ from gpuslice.config.checks import (
     check_duration,
     resource_name,
 )
+from gpuslice.config.resource_names import check_servable
 from gpuslice.core.response import LIST_STRATEGIES
 from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
 
@@ -135,7 +136,9 @@ class ReplicatedResource(_Struct, frozen=True):
     devices: Devices = "all"
 
     def __post_init__(self) -> None:
-        msgspec.structs.force_setattr(self, "name", resource_name("name", self.name))
+        name = resource_name("name", self.name)
+        check_servable("name", self.name, name)
+        msgspec.structs.force_setattr(self, "name", name)
         if self.rename:
             msgspec.structs.force_setattr(self, "rename", resource_name("rename", self.rename))
         if not 2 <= self.replicas <= MAX_REPLICAS:

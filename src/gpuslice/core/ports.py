@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.core.errors import GpusliceError
 from gpuslice.core.resources import AdvertisedDevice
 from gpuslice.core.response import ContainerAllocation
 
@@ -61,20 +63,63 @@ class PluginHandler(Protocol):
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation: ...
 
 
-class PluginEndpoint(Protocol):
-    """One served resource: its gRPC server and its kubelet registration."""
+class SocketTaken(GpusliceError):  # noqa: N818 - reads as what happened
+    """Another live device plugin serves the endpoint's socket path: it is left alone."""
 
-    async def start(self) -> None: ...
+
+class PluginEndpoint(Protocol):
+    """One served resource: its gRPC server, its socket and its kubelet registration.
+
+    The server's crash watch is part of the contract: a server that stops serving
+    without stop() being called is reported by down() and wait_down(), so whoever
+    supervises it can restart it.
+    """
+
+    async def start(self) -> None:
+        """Bind the socket and serve. Raises SocketTaken when another plugin serves
+        that path now, another GpusliceError when it cannot be served."""
+        ...
 
     async def register(self) -> None:
         """Register with the kubelet; raises on failure."""
         ...
 
-    async def stop(self) -> None: ...
+    def socket_present(self) -> bool:
+        """True while the socket file this server bound is in place."""
+        ...
+
+    def current(self) -> bool:
+        """True while our socket is in place and our last Register call, answered or
+        still in flight, went to the kubelet serving now."""
+        ...
+
+    def down(self) -> str | None:
+        """Why the server stopped serving on its own since start(), or None."""
+        ...
+
+    async def wait_down(self) -> str:
+        """Return why, once the server stopped serving on its own (call after start)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop serving and remove our socket; never raises for a server already down."""
+        ...
+
+
+@dataclass(frozen=True)
+class ConfigMapView:
+    """A ConfigMap as the agent follows it: its data (None: the ConfigMap does not exist)
+    and annotations, and `trouble`: why this may be stale (the watch is failing and is
+    being retried; this is the last view read), None while the watch works."""
+
+    data: Mapping[str, str] | None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    trouble: str | None = None
 
 
 class NodeApi(Protocol):
-    """The agent's view of the Kubernetes API: its own Node, its NodeFeature, Events."""
+    """The agent's view of the Kubernetes API: its own Node, its NodeFeature, Events,
+    and the ConfigMap of per-node configs when it is read through the API."""
 
     async def node_labels(self, node: str) -> dict[str, str]:
         """The Node's labels now (a full read). Raises BackendError(transient=True)
@@ -84,6 +129,11 @@ class NodeApi(Protocol):
     def watch_node_labels(self, node: str) -> AsyncIterator[dict[str, str]]:
         """Yield the Node's labels after the first full read, then each time they
         change; resumes (re-reading) after a dropped watch or 410 Gone."""
+        ...
+
+    def watch_config_map(self, namespace: str, name: str) -> AsyncIterator[ConfigMapView]:
+        """Yield the ConfigMap after the first full read (raising BackendError when that
+        fails), then each time it or its trouble changes; resumes as the Node watch does."""
         ...
 
     async def publish_node_feature(
@@ -110,3 +160,12 @@ class LabelSink(Protocol):
         ...
 
     async def remove(self) -> None: ...
+
+
+class CdiStore(Protocol):
+    """Where CDI specs go: the CDI spec directory."""
+
+    async def sync(self, specs: Mapping[str, str]) -> tuple[str, ...]:
+        """Hold exactly `specs` (file name -> content) among the files it wrote, rewriting
+        only changed ones; returns the names written or deleted. Raises BackendError."""
+        ...

@@ -8,7 +8,8 @@ name or its rename. A resource with no devices is not advertised.
 Under the mixed strategy only GPU-instance-sized MIG profiles (compute slices
 equal GPU slices) have a resource, as upstream; a device with a smaller compute
 instance ("1c.3g.20gb") is a HardwareError, and an empty MIG-enabled GPU only
-gets a warning (layout_warnings).
+gets a warning (layout_warnings), as does a sharing rule that names no resource of
+the node. MPS on a node with a MIG-enabled GPU is a HardwareError, as upstream.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpuslice.core.sharing import (
     MIG_MIXED,
     MIG_NONE,
     MIG_SINGLE,
+    MPS,
     NONE,
     ReplicaRule,
     ResourceSettings,
@@ -32,6 +34,13 @@ from gpuslice.core.sharing import (
 
 RESOURCE_PREFIX = "nvidia.com/"
 _COMPUTE_SLICES = re.compile(r"\d+c\.")  # "1c." in "1c.3g.20gb"
+# The MIG profile attributes NVML names (+me, +me.all, +gfx, -me), '+' read as '.'.
+MIG_ATTRIBUTES = (".me", ".me.all", ".gfx", "-me")
+_MIG_RESOURCE = re.compile(
+    re.escape(RESOURCE_PREFIX)
+    + r"mig-[1-9][0-9]*g\.[1-9][0-9]*gb"
+    + f"(?:{'|'.join(map(re.escape, MIG_ATTRIBUTES))})?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,29 +114,60 @@ def mig_resource_name(profile: str) -> str:
     return f"{RESOURCE_PREFIX}mig-{profile.replace('+', '.')}"
 
 
+def servable_name(name: str) -> bool:
+    """True when some GPU can have resource `name` (prefixed): nvidia.com/gpu, or the
+    mixed strategy's nvidia.com/mig-<g>g.<m>gb with an optional NVML attribute."""
+    return name == GPU_RESOURCE or bool(_MIG_RESOURCE.fullmatch(name))
+
+
 def compute_sliced(mig: MigDevice) -> bool:
     """True when the device's compute instance is smaller than its GPU instance."""
     return bool(_COMPUTE_SLICES.match(mig.profile)) or 0 < mig.ci_slices < mig.gi_slices
 
 
-def layout_warnings(gpus: Iterable[Gpu], strategy: str) -> tuple[str, ...]:
-    """What upstream logs, without failing, while building the resources: under the
-    mixed strategy, a MIG-enabled GPU without MIG devices."""
-    if strategy != MIG_MIXED:
-        return ()
-    return tuple(
+def layout_warnings(gpus: Iterable[Gpu], settings: ResourceSettings | str) -> tuple[str, ...]:
+    """What is logged, without failing, about serving `settings` (or a MIG strategy
+    alone) on these GPUs: under the mixed strategy a MIG-enabled GPU without MIG
+    devices, as upstream; and each sharing rule that matches no device here."""
+    if isinstance(settings, str):
+        settings = ResourceSettings(mig_strategy=settings)
+    gpus = tuple(gpus)
+    empty = tuple(
         f"migStrategy mixed: MIG-enabled GPU {g.index} ({g.uuid}) has no MIG devices; "
         "nothing is advertised from it"
         for g in gpus
-        if g.mig_enabled and not g.mig_devices
+        if settings.mig_strategy == MIG_MIXED and g.mig_enabled and not g.mig_devices
+    )
+    return empty + unmatched_rule_warnings(gpus, settings)
+
+
+def unmatched_rule_warnings(gpus: Iterable[Gpu], settings: ResourceSettings) -> tuple[str, ...]:
+    """One warning per sharing rule whose resource this node does not have under its
+    MIG strategy: the rule shares nothing (upstream skips it silently)."""
+    rules = settings.sharing.rules
+    if not rules:
+        return ()
+    try:
+        base = _base_devices(tuple(gpus), settings.mig_strategy)
+    except HardwareError:
+        return ()  # build_resources reports the layout itself
+    present = sorted(name for name, devices in base.items() if devices)
+    here = ", ".join(present) or "no resources"
+    return tuple(
+        f"sharing: {name} matches no device of this node (migStrategy "
+        f"{settings.mig_strategy}; it has {here}); nothing is shared under that name"
+        for name in dict.fromkeys(r.name for r in rules)
+        if name not in present
     )
 
 
 def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> tuple[Resource, ...]:
     """The resources to advertise, sorted by name. Raises HardwareError when the
-    layout breaks the MIG strategy's rules."""
-    base = _base_devices(snapshot, settings.mig_strategy)
+    layout breaks the MIG strategy's rules, or when MPS meets a MIG-enabled GPU."""
     plan = settings.sharing
+    if plan.strategy == MPS:
+        _require_no_mig(snapshot.gpus)
+    base = _base_devices(snapshot.gpus, settings.mig_strategy)
     grouped: dict[str, list[AdvertisedDevice]] = {name: [] for name in base}
     replicated: set[str] = set()
     for name, devices in base.items():
@@ -183,8 +223,17 @@ def _mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
     )
 
 
-def _base_devices(snapshot: HardwareSnapshot, strategy: str) -> dict[str, list[AdvertisedDevice]]:
-    gpus = snapshot.gpus
+def _require_no_mig(gpus: tuple[Gpu, ...]) -> None:
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            raise HardwareError(
+                f"sharing.mps: GPU {gpu.index} ({gpu.uuid}) has MIG enabled, and MPS cannot "
+                "share a MIG-enabled GPU (as upstream); disable MIG on it or share with "
+                "timeSlicing"
+            )
+
+
+def _base_devices(gpus: tuple[Gpu, ...], strategy: str) -> dict[str, list[AdvertisedDevice]]:
     if strategy == MIG_NONE:
         return {GPU_RESOURCE: [_gpu_device(g) for g in gpus]}
     if strategy == MIG_SINGLE:

@@ -8,26 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
 
+from gpuslice import __version__
+from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
-from gpuslice.core.health import XidPolicy
-from gpuslice.core.health_state import RecoveryPolicy
 from gpuslice.core.ports import GpuBackend
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
-from gpuslice.core.response import AllocateOptions
-from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
+from gpuslice.services.cdi import CdiSpecs
+from gpuslice.services.changes import counts, gpus, resource_changes, served
+from gpuslice.services.desired import DesiredSettings
 from gpuslice.services.health_monitor import HealthMonitor
-from gpuslice.services.plugin_manager import EndpointFactory, PluginManager, RestartBudget
+from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
 
 log = structlog.get_logger("gpuslice.agent")
 
@@ -39,22 +40,12 @@ DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
 DirWatch = Callable[[str, Collection[str] | None], DirEvents]
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What the agent needs from the effective config."""
-
-    resources: ResourceSettings
-    allocate: AllocateOptions
-    fail_on_init_error: bool = True
-    xid_policy: XidPolicy = field(default_factory=XidPolicy)
-    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-    warnings: tuple[str, ...] = ()
-
-
 @dataclass
 class AgentDeps:
     open_backend: Callable[[], GpuBackend]  # raises BackendError when NVML cannot start
-    load_settings: Callable[[], Settings]  # raises ConfigError
+    # Reads the config file's settings (raises ConfigError); None: someone else puts them
+    # into the agent's `desired` holder (the per-node config manager).
+    load_settings: Callable[[], Settings] | None
     endpoint_factory: EndpointFactory
     plugin_dir: str
     watch: DirWatch | None = None  # None: no kubelet-restart detection (tests of parts)
@@ -62,6 +53,7 @@ class AgentDeps:
     restart_budget: RestartBudget | None = None  # None: upstream's (5 restarts an hour)
     # Told why a reload (SIGHUP) was refused, e.g. to record an Event on the Node.
     on_rejected: Callable[[str], Awaitable[None]] | None = None
+    cdi: CdiSpecs | None = None  # keeps CDI specs in step with what is served
 
 
 class Agent:
@@ -73,6 +65,8 @@ class Agent:
         )
         self._backend: GpuBackend | None = None
         self.rejected: str | None = None  # why the last reload was refused, until one succeeds
+        self.desired = DesiredSettings()  # the settings to serve; the agent converges to them
+        self._generation = 0  # the last generation of `desired` tried
         self._settings: Settings | None = None
         self._snapshot: HardwareSnapshot | None = None
         self._monitor: HealthMonitor | None = None
@@ -99,14 +93,22 @@ class Agent:
         return tuple(h.resource for h in self.manager.handlers.values())
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
-        """Serve until `stop` is set; each set of `reload` re-reads the config.
+        """Serve until `stop` is set; each set of `reload` re-reads the config. The
+        settings served first are those desired when it starts; any put later (while the
+        backend opens too) are served after them, in order of arrival, latest wins.
 
         Raises PluginServerFailed when a resource's server failed more often than
         the restart budget allows (after stopping everything).
         """
-        settings = self._deps.load_settings()
+        if self._deps.load_settings is not None:
+            self.desired.put(self._deps.load_settings())
+        first = await _unless_stopped(self.desired.newer_than(0), stop)
+        if first is None:
+            self._pool.shutdown(wait=True)
+            return
+        generation, settings = first
         for warning in settings.warnings:
-            log.warning("config_warning", detail=warning)
+            log.warning("config_warning", config=settings.shown, detail=warning)
         try:
             self._backend = await self._call(self._deps.open_backend)
         except GpusliceError as exc:
@@ -124,7 +126,7 @@ class Agent:
                 if self._deps.watch is not None:
                     watch = self._deps.watch(self._deps.plugin_dir, None)
                     events = await stack.enter_async_context(watch)
-                await self._apply(settings)
+                await self._serve_first(generation, settings)
                 self._monitor = HealthMonitor(
                     self._backend,
                     settings.xid_policy,
@@ -135,7 +137,16 @@ class Agent:
                 self._monitor.set_hardware(self.snapshot, self.resources)
                 await stack.enter_async_context(self._monitor)
                 self.ready.set()
-                tasks: list[asyncio.Task[None]] = []
+                log.info(
+                    "agent_started",
+                    version=__version__,
+                    config=settings.shown,
+                    source=settings.source,
+                    summary=settings.summary,
+                    gpus=gpus(self.snapshot),
+                    serving=served(counts(self.resources)),
+                )
+                tasks = [asyncio.create_task(self._converge())]
                 if events is not None:
                     tasks.append(asyncio.create_task(self._watch_kubelet(events)))
                 if reload is not None:
@@ -153,15 +164,25 @@ class Agent:
                     raise self.manager.error
         finally:
             await self.manager.stop()
+            if self._deps.cdi is not None:
+                await self._deps.cdi.close()
             backend = self._backend
             await self._call(backend.close)
             self._pool.shutdown(wait=True)
             log.info("agent_stopped")
 
     async def reload(self) -> bool:
-        """Re-read the config and apply it; a bad one keeps the last good one."""
+        """Re-read the config file and serve it; a bad one keeps the last good one, and
+        so does an empty one replacing a config that had content (a truncated write)."""
+        load = self._deps.load_settings
+        if load is None:  # per-node configs: the config manager re-reads
+            log.warning("reload_ignored_settings_come_from_elsewhere")
+            return False
         try:
-            await self.apply_settings(self._deps.load_settings())
+            settings = load()
+            if self._settings is not None:
+                check_not_truncated(settings, self._settings)
+            await self.apply_settings(settings)
         except BackendError as exc:
             log.error("hardware_unreadable_keeping_last_good", error=str(exc))
             return False
@@ -175,22 +196,52 @@ class Agent:
         return True
 
     async def apply_settings(self, settings: Settings) -> None:
-        """Serve `settings` now, touching only what changed. Raises GpusliceError
+        """Make `settings` the desired ones and wait until they are served, touching only
+        what changed (before the agent is ready, until it started). Raises GpusliceError
         (nothing changed) when they cannot be served on this hardware."""
+        await self.desired.request(settings)
+
+    async def _serve_first(self, generation: int, settings: Settings) -> None:
+        try:
+            await self._apply(settings)
+        except GpusliceError as exc:
+            self.desired.settle(generation, exc)
+            raise
+        self._generation = generation
+        self.desired.settle(generation, None)
+
+    async def _converge(self) -> None:
+        """Serve each newer desired value as it comes; settle each with its outcome."""
+        while True:
+            generation, settings = await self.desired.newer_than(self._generation)
+            self._generation = generation
+            try:
+                await self._serve(settings)
+            except GpusliceError as exc:
+                self.desired.settle(generation, exc)
+            else:
+                self.desired.settle(generation, None)
+
+    async def _serve(self, settings: Settings) -> None:
         for warning in settings.warnings:
-            log.warning("config_warning", detail=warning)
+            log.warning("config_warning", config=settings.shown, detail=warning)
+        before = counts(self.resources)
         await self._apply(settings)
         if self._monitor is not None:
             self._monitor.set_hardware(self.snapshot, self.resources)
+        changes = resource_changes(before, counts(self.resources))
+        log.info("config_applied", config=settings.shown, changes=changes, source=settings.source)
 
     async def _apply(self, settings: Settings) -> None:
         assert self._backend is not None
         snapshot = await self._call(self._backend.snapshot)
         resources = build_resources(snapshot, settings.resources)  # raises HardwareError
-        for warning in layout_warnings(snapshot.gpus, settings.resources.mig_strategy):
+        for warning in layout_warnings(snapshot.gpus, settings.resources):
             log.warning("hardware_layout_warning", detail=warning)
         self._settings, self._snapshot = settings, snapshot
         topology = Topology.from_snapshot(snapshot)
+        if self._deps.cdi is not None:  # before the kubelet can allocate a new device
+            await self._deps.cdi.apply(resources, settings.allocate)
         await self.manager.apply(resources, settings.allocate, topology)
         if not resources:
             log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
@@ -205,18 +256,30 @@ class Agent:
         async for name, kind in events:
             if name == KUBELET_SOCKET and kind == "created":
                 await self.manager.kubelet_restarted()
-            elif kind == "deleted" and not self._socket_exists(name):
-                # A socket we re-created ourselves since (a restart stops the old
-                # server first) is no loss: acting on it would restart forever.
+            elif kind == "deleted":
+                # Its supervisor tells a lost socket from an older file of ours: a
+                # restart stops the old server (removing its socket) first.
                 for res, handler in self.manager.handlers.items():
                     if handler.resource.socket_name == name:
                         await self.manager.socket_deleted(res)
 
-    def _socket_exists(self, name: str) -> bool:
-        return os.path.lexists(os.path.join(self._deps.plugin_dir, name))
-
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+
+async def _unless_stopped(
+    waiting: Coroutine[Any, Any, tuple[int, Settings]], stop: asyncio.Event
+) -> tuple[int, Settings] | None:
+    """What `waiting` returns, or None when `stop` is set first."""
+    task = asyncio.ensure_future(waiting)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, stopping):
+            pending.cancel()
+        await asyncio.gather(task, stopping, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 async def _first_of(tasks: list[asyncio.Task[None]], *events: asyncio.Event) -> None:

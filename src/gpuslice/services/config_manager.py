@@ -1,30 +1,35 @@
 """Which named config is in force on this node, followed live.
 
-The node label (nvidia.com/device-plugin.config by default) names an entry of a directory
-of configs, usually a mounted ConfigMap; core.selection holds the rules (default config,
-fallbacks). The manager reads the Node first and acts only after that read, then applies
-the chosen config again whenever the label changes, the directory is updated (the
-kubelet's atomic `..data` symlink swap) or reload() is called (SIGHUP). Bursts of events
-are folded into one read, and apply() runs only when the config actually changed.
+The node label (nvidia.com/device-plugin.config by default) names an entry of a source of
+named configs (config_source: a mounted ConfigMap directory, or the ConfigMap watched
+through the API); core.selection holds the rules (default config, fallbacks). The manager
+reads the Node first and acts only after that read, then applies the chosen config again
+whenever the label changes, the source changes or reload() is called (SIGHUP). Bursts of
+events are folded into one read, and apply() runs only when the config actually changed.
+apply() returns once the config is served (the agent may still be starting), so `status`
+and the logs say what is in force, never what was merely chosen.
 
 A config that fails to load, validate or apply leaves the last good one in force; that is
-logged, recorded as a Warning Event on the Node and shown by `status`. Without a last good
-config (at start) the error is raised to the caller.
+logged, recorded as a Warning Event on the Node and shown by `status`. So does an empty
+document replacing one that had content (a truncated write; `version: v1` alone is the
+deliberate empty config). Without a last good config (at start) the error is raised to
+the caller. A source that cannot be followed (the API unreachable, the watch refused)
+changes nothing served: `status` says so until it recovers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from gpuslice.config.loader import LoadedConfig, config_dir_entries, load_config_file
+from gpuslice.config.loader import LoadedConfig
+from gpuslice.config.settings import check_not_truncated
 from gpuslice.config.v1 import Config
-from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.errors import GpusliceError
 from gpuslice.core.selection import (
     DEFAULT_FALLBACKS,
     DEFAULT_LABEL,
@@ -32,15 +37,13 @@ from gpuslice.core.selection import (
     check_fallbacks,
     choose_config,
 )
-from gpuslice.services.agent import DirWatch
+from gpuslice.services.config_source import Entries, EntrySource
 
 log = structlog.get_logger("gpuslice.config")
 
 S = TypeVar("S")
-DATA_LINK = "..data"  # the symlink the kubelet swaps on each ConfigMap update
 REJECTED_REASON = "ConfigRejected"
 DEBOUNCE_S = 0.1
-READ_ATTEMPTS = 3
 
 
 class NodeLabelSource(Protocol):
@@ -58,26 +61,30 @@ class ConfigStatus:
     """The readiness detail: the config in force and whether the wanted one was accepted."""
 
     config: str | None  # the entry in force, "(empty)" for the empty config; None before start
-    ok: bool  # False before start and while a newer config is rejected
+    ok: bool  # False before start, while a newer config is rejected, and while `source` is set
     detail: str
+    source: str | None = None  # why the source cannot be followed now (the last read serves)
 
     def as_dict(self) -> dict[str, object]:
-        return {"config": self.config, "ok": self.ok, "detail": self.detail}
+        out: dict[str, object] = {"config": self.config, "ok": self.ok, "detail": self.detail}
+        if self.source is not None:
+            out["source"] = self.source
+        return out
 
 
 class ConfigManager(Generic[S]):
     """Owns the config in force. `to_settings` turns a loaded config into what `apply`
-    takes (flags and env applied); `apply` may raise GpusliceError to refuse it."""
+    takes (flags and env applied); `apply` may raise GpusliceError to refuse it. `default`
+    (the flag) wins over a default the entries' source names."""
 
     def __init__(
         self,
         source: NodeLabelSource,
         node: str,
-        config_dir: str,
+        entries: EntrySource,
         to_settings: Callable[[LoadedConfig], S],
         apply: Callable[[S], Awaitable[None]],
         *,
-        watch: DirWatch,
         label: str = DEFAULT_LABEL,
         default: str | None = None,
         fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
@@ -85,12 +92,12 @@ class ConfigManager(Generic[S]):
     ) -> None:
         self._source = source
         self._node = node
-        self._dir = config_dir
+        self._entries = entries
         self._to_settings = to_settings
         self._apply = apply
-        self._watch = watch
         self._label = label
         self._default = default or None
+        self._ignored: str | None = None  # a default of the source's, overridden by `default`
         self._fallbacks = check_fallbacks(fallbacks)
         self._debounce_s = debounce_s
         self.ready = asyncio.Event()  # set once the first config was applied
@@ -109,7 +116,12 @@ class ConfigManager(Generic[S]):
 
     @property
     def status(self) -> ConfigStatus:
-        return self._status
+        trouble = self._entries.trouble
+        if trouble is None:
+            return self._status
+        where = self._entries.where
+        message = f"cannot follow {where}, retrying; keeping what it last said: {trouble}"
+        return replace(self._status, ok=False, source=message)
 
     @property
     def settings(self) -> S | None:
@@ -126,6 +138,11 @@ class ConfigManager(Generic[S]):
         return self._choice
 
     @property
+    def label(self) -> str | None:
+        """The node label's value as last read (None: unset, or before the first read)."""
+        return self._label_value
+
+    @property
     def checks(self) -> int:
         """How many reads of the label and directory have finished."""
         return self._checks
@@ -140,18 +157,22 @@ class ConfigManager(Generic[S]):
         self, stop: asyncio.Event | None = None, reload: asyncio.Event | None = None
     ) -> None:
         """Apply the first config after the first read of the Node (raising when it is bad),
-        then follow changes until `stop` is set; each set of `reload` re-reads."""
+        then follow changes until `stop` is set; each set of `reload` re-reads. Changes
+        seen while the first config is still being applied are read right after it."""
         labels = self._source.watch_node_labels(self._node)
         try:
-            async with self._watch(self._dir, None) as dir_events:
+            async with self._entries.changes() as entry_changes:
                 first = await anext(labels, None)
                 if first is None:
                     raise GpusliceError(f"the watch of Node {self._node} ended before a first read")
                 self._label_value = first.get(self._label) or None
                 log.info("node_labels_read", label=self._label, value=self._label_value)
-                await self._refresh("start")
-                self.ready.set()
-                loops = [self._follow_labels(labels), self._follow_dir(dir_events), self._settle()]
+                loops = [
+                    self._start(),
+                    self._follow_labels(labels),
+                    self._follow_entries(entry_changes),
+                    self._settle(),
+                ]
                 if reload is not None:
                     loops.append(self._reload_on(reload))
                 await _run_until(stop or asyncio.Event(), loops)
@@ -159,6 +180,10 @@ class ConfigManager(Generic[S]):
             aclose = getattr(labels, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _start(self) -> None:
+        await self._refresh("start")
+        self.ready.set()
 
     async def reload(self) -> bool:
         """Read the label's config again now; False when it was rejected (or before start)."""
@@ -186,33 +211,28 @@ class ConfigManager(Generic[S]):
                     self._checked.notify_all()
 
     def _read(self) -> tuple[Choice, LoadedConfig]:
-        """Choose and load; again when the `..data` swap happened during the read."""
-        for attempt in range(1, READ_ATTEMPTS + 1):
-            before = _data_target(self._dir)
-            try:
-                result = self._read_once()
-            except ConfigError:
-                if attempt == READ_ATTEMPTS or _data_target(self._dir) == before:
-                    raise
-                continue
-            if attempt == READ_ATTEMPTS or _data_target(self._dir) == before:
-                return result
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._entries.read(self._choose)
 
-    def _read_once(self) -> tuple[Choice, LoadedConfig]:
-        entries = config_dir_entries(self._dir)
+    def _choose(self, entries: Entries) -> tuple[Choice, LoadedConfig]:
+        """Choose among the entries and load the chosen one. Raises ConfigError."""
+        if self._default and entries.default not in (None, self._default, self._ignored):
+            self._ignored = entries.default
+            log.warning("default_config_of_source_ignored", ignored=entries.default,
+                        default=self._default, source=entries.where)  # fmt: skip
         choice = choose_config(
             self._label_value,
-            entries,
-            default=self._default,
+            entries.names,
+            default=self._default or entries.default,
             fallbacks=self._fallbacks,
             label=self._label,
         )
         if choice.name is None:
-            return choice, LoadedConfig(Config(), source=f"{self._dir} (empty config)")
-        return choice, replace(load_config_file(entries[choice.name]), name=choice.name)
+            return choice, LoadedConfig(Config(), source=f"{entries.where} (empty config)")
+        return choice, replace(entries.load(choice.name), name=choice.name)
 
     async def _use(self, choice: Choice, loaded: LoadedConfig, cause: str) -> None:
+        if self._loaded is not None:
+            check_not_truncated(loaded, self._loaded)
         key = (choice.name, loaded.config)
         if key == self._applied:
             if not self._status.ok:
@@ -221,19 +241,19 @@ class ConfigManager(Generic[S]):
                 log.debug("config_unchanged", config=choice.shown, cause=cause)
         else:
             settings = self._to_settings(loaded)
-            await self._apply(settings)
             previous = self._choice.shown if self._choice else None
+            pending = f"applying {choice.shown} ({choice.reason}): waiting until it is served"
+            self._status = ConfigStatus(previous, False, pending)
+            await self._apply(settings)
             self._applied, self._settings, self._loaded = key, settings, loaded
             log.info(
-                "config_applied",
+                "config_chosen",
                 config=choice.shown,
                 previous=previous,
                 reason=choice.reason,
                 cause=cause,
                 source=loaded.source,
             )
-            for warning in loaded.warnings:
-                log.warning("config_warning", config=choice.shown, detail=warning)
         self._choice = choice
         self._status = ConfigStatus(choice.shown, True, choice.reason)
         self._reported = ""
@@ -259,6 +279,7 @@ class ConfigManager(Generic[S]):
 
     async def _settle(self) -> None:
         """One read per burst: wait out the debounce window after the first event."""
+        await self.ready.wait()  # what was seen during the first apply is read after it
         while True:
             await self._wake.wait()
             await asyncio.sleep(self._debounce_s)
@@ -277,23 +298,15 @@ class ConfigManager(Generic[S]):
                 self._poke("label")
         log.warning("node_label_watch_ended", node=self._node)
 
-    async def _follow_dir(self, events: AsyncIterator[tuple[str, str]]) -> None:
-        async for name, _kind in events:
-            if name == DATA_LINK or not name.startswith(".."):
-                self._poke("directory")
+    async def _follow_entries(self, changes: AsyncIterator[str]) -> None:
+        async for cause in changes:
+            self._poke(cause)
 
     async def _reload_on(self, reload: asyncio.Event) -> None:
         while True:
             await reload.wait()
             reload.clear()
             await self.reload()
-
-
-def _data_target(directory: str) -> str | None:
-    try:
-        return os.readlink(os.path.join(directory, DATA_LINK))
-    except OSError:
-        return None  # a plain directory, not a mounted ConfigMap
 
 
 async def _run_until(stop: asyncio.Event, loops: list[Coroutine[Any, Any, None]]) -> None:

@@ -1,12 +1,14 @@
 """The labeller: computes the node's GFD labels and publishes them to every sink.
 
 Run loop, as GFD: label and publish; oneshot stops there; otherwise relabel every
-`interval_s` seconds, or (interval None, upstream's `infinite`) only when relabel() is
-called, until `stop` is set. Differences from GFD:
+`interval_s` seconds, or (interval None, upstream's `infinite`) only when nudged, until
+`stop` is set. nudge() (a config change) relabels at once, in the background: publishing
+never holds up or fails what asked for it. Differences from GFD:
 - the timestamp is renewed only when another label changes, so an unchanged node is not
   rewritten every interval (sinks compare what they hold and skip identical labels);
-- a failed labelling or sink write is logged and retried after `retry_s` (GFD exits),
-  also in infinite mode; only oneshot raises it.
+- a failed labelling or sink write is retried on its own, `retry_s` after the first failure
+  and twice as long after each next one, up to `retry_max_s` (or the interval), also in
+  infinite mode (GFD exits); status() says how it stands; only oneshot raises it.
 On exit in interval mode every sink's remove() runs: the features file is deleted so its
 labels vanish, as GFD does; the NodeFeature object is left to garbage collection.
 """
@@ -14,10 +16,9 @@ labels vanish, as GFD does; the NodeFeature object is left to garbage collection
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -29,7 +30,8 @@ from gpuslice.core.sharing import ResourceSettings
 
 log = structlog.get_logger("gpuslice.labeller")
 
-RETRY_S = 10.0  # after a failure, the next attempt comes this soon (or at the interval)
+RETRY_S = 1.0  # the first retry after a failure; each next one waits twice as long
+RETRY_MAX_S = 300.0  # ... up to this (or the interval, when shorter)
 
 # Labels without the timestamp; the labeller stamps them.
 LabelSource = Callable[[], Awaitable[Mapping[str, str]]]
@@ -86,8 +88,13 @@ class Labeller:
         oneshot: bool = False,
         timestamps: bool = True,
         retry_s: float = RETRY_S,
+        retry_max_s: float = RETRY_MAX_S,
     ) -> None:
-        for name, value in (("interval_s", interval_s), ("retry_s", retry_s)):
+        for name, value in (
+            ("interval_s", interval_s),
+            ("retry_s", retry_s),
+            ("retry_max_s", retry_max_s),
+        ):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         self._compute = compute
@@ -96,58 +103,117 @@ class Labeller:
         self._interval = interval_s
         self._oneshot = oneshot
         self._timestamps = timestamps
-        self._retry = retry_s if interval_s is None else min(retry_s, interval_s)
+        self._retry_max = retry_max_s if interval_s is None else min(retry_max_s, interval_s)
+        self._retry_first = min(retry_s, self._retry_max)
         self._lock = asyncio.Lock()
+        self._nudged = asyncio.Event()
+        self._attempted = asyncio.Condition()  # notified after each labelling
         self._labels: dict[str, str] | None = None
-        self._failed = False
+        self._published: int | None = None  # labels in place after the last success
+        self._error: str | None = None  # why the last attempt failed
+        self._retry_in: float | None = None
 
     @property
     def labels(self) -> Mapping[str, str] | None:
         """What was last computed (stamped), None before the first labelling."""
         return self._labels
 
+    def nudge(self) -> None:
+        """Relabel now in the background (the running loop does it); never waits or raises."""
+        self._nudged.set()
+
+    def status(self) -> dict[str, Any]:
+        """{"ok": whether the last labelling reached every sink, "detail": what happened}."""
+        if self._error is not None:
+            retry = f"; next attempt in {self._retry_in:g}s" if self._retry_in else ""
+            return {"ok": False, "detail": self._error + retry}
+        if self._published is None:
+            return {"ok": False, "detail": "not labelled yet"}
+        return {"ok": True, "detail": f"{self._published} labels published"}
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Until done() holds: checked now and after each labelling, failed or not."""
+        async with self._attempted:
+            await self._attempted.wait_for(done)
+
     async def relabel(self) -> bool:
         """Compute and publish now; True when some sink wrote. Raises GpusliceError when
         the labels cannot be computed or a sink fails (after every sink was tried)."""
         async with self._lock:
-            self._failed = True
-            labels = dict(await self._compute())
-            labels.pop(TIMESTAMP_LABEL, None)
-            if self._timestamps:
-                labels = with_timestamp(labels, int(self._clock()), self._labels)
-            self._labels = labels
-            written, errors = 0, []
-            for sink in self._sinks:
-                try:
-                    written += await sink.publish(labels)
-                except GpusliceError as exc:
-                    log.warning("label_sink_failed", sink=type(sink).__name__, error=str(exc))
-                    errors.append(exc)
-            if written:
-                log.info("labels_published", labels=len(labels), sinks=written)
-            if errors:
-                raise errors[0]
-            self._failed = False
-            return written > 0
+            self._retry_in = None
+            try:
+                written = await self._publish()
+            except Exception as exc:
+                self._error = " ".join(str(exc).split()) or type(exc).__name__
+                raise
+            else:
+                self._error = None
+            finally:
+                await self._notify()
+            return written
+
+    async def _notify(self) -> None:
+        async with self._attempted:
+            self._attempted.notify_all()
+
+    async def _publish(self) -> bool:
+        labels = dict(await self._compute())
+        labels.pop(TIMESTAMP_LABEL, None)
+        if self._timestamps:
+            labels = with_timestamp(labels, int(self._clock()), self._labels)
+        self._labels = labels
+        written, errors = 0, []
+        for sink in self._sinks:
+            try:
+                written += await sink.publish(labels)
+            except GpusliceError as exc:
+                log.warning("label_sink_failed", sink=type(sink).__name__, error=str(exc))
+                errors.append(exc)
+        if written:
+            log.info("labels_published", labels=len(labels), sinks=written)
+        if errors:
+            raise errors[0]
+        self._published = len(labels)
+        return written > 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Label until `stop` is set (once, raising any failure, when oneshot)."""
         if self._oneshot:
             await self.relabel()
             return
+        delay: float | None = None  # the last retry's wait; None after a success
+        reported: str | None = None  # the failure last logged as an error
         try:
             while not stop.is_set():
+                self._nudged.clear()  # a nudge from now on means another pass
+                wait = self._interval
                 try:
                     await self.relabel()
-                except GpusliceError as exc:
-                    log.error("labels_failed", error=str(exc), retry_s=self._retry)
-                wait = self._retry if self._failed else self._interval
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait)
+                    if delay is not None:
+                        log.info("labels_recovered")
+                    delay, reported = None, None
+                except Exception:  # labels never stop the agent, whatever fails
+                    delay = self._retry_first if delay is None else min(delay * 2, self._retry_max)
+                    wait = self._retry_in = delay
+                    # Each new reason is an error; the same one again only a debug line.
+                    failed = log.debug if self._error == reported else log.error
+                    reported = self._error
+                    failed("labels_failed", error=reported, retry_s=delay)
+                    await self._notify()
+                await self._sleep(stop, wait)
         finally:
             if self._interval is not None:
                 for sink in self._sinks:
                     await self._remove(sink)
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float | None) -> None:
+        """Until `stop`, a nudge or `seconds` (None: no limit)."""
+        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._nudged.wait())}
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     async def _remove(self, sink: LabelSink) -> None:
         try:

@@ -11,11 +11,12 @@ from typing import Any
 
 import structlog
 
+from gpuslice.config.settings import Settings
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import LabelSink
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.agent import Agent, AgentDeps, Settings
+from gpuslice.services.agent import Agent, AgentDeps
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.labeller import Labeller, snapshot_labels
 
@@ -47,9 +48,8 @@ class Node:
     def __init__(self, deps: NodeDeps) -> None:
         self.manager = deps.manager(self._apply) if deps.manager else None
         agent_deps = deps.agent
-        if self.manager is not None:
-            manager = self.manager
-            agent_deps = dataclasses.replace(agent_deps, load_settings=lambda: _first(manager))
+        if self.manager is not None:  # it puts every config it chooses into agent.desired
+            agent_deps = dataclasses.replace(agent_deps, load_settings=None)
         self.agent = Agent(agent_deps)
         self.labeller = _labeller(self.agent, deps.labels) if deps.labels else None
 
@@ -63,28 +63,34 @@ class Node:
             details["config"] = self.manager.status.as_dict()
         elif self.agent.rejected is not None:  # one config file, re-read on SIGHUP
             details["config"] = {"ok": False, "detail": self.agent.rejected}
+        if self.labeller is not None:  # reported, never a reason to be unready
+            details["labels"] = self.labeller.status()
         return ready, details
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
         """Serve until `stop`; each set of `reload` re-reads the config (SIGHUP)."""
+        failed: GpusliceError | None = None
         try:
             async with asyncio.TaskGroup() as tasks:
                 if self.manager is not None:
+                    # Side by side: the agent serves the first config the manager chooses
+                    # and then each later one, even one chosen while the backend opens.
                     tasks.create_task(self.manager.run(stop, reload))
-                    await self.manager.ready.wait()
                     reload = None  # the manager owns re-reading
                 tasks.create_task(self.agent.run(stop, reload))
                 if self.labeller is not None:
                     tasks.create_task(self._label(stop))
         except* GpusliceError as group:
-            raise group.exceptions[0] from None
+            failed = group.exceptions[0]  # type: ignore[assignment]
+        if failed is not None:  # raised out here: Python before 3.11.4 would wrap it in a group
+            raise failed
 
     async def _apply(self, settings: Settings) -> None:
-        if not self.agent.ready.is_set():
-            return  # the first config is read by the agent itself when it starts
+        """Serve a config the manager chose; returns once served (raises if refused),
+        so that what the manager reports is what the kubelet sees."""
         await self.agent.apply_settings(settings)
         if self.labeller is not None:
-            await self.labeller.relabel()
+            self.labeller.nudge()  # labels follow in the background; they never decide a config
 
     async def _label(self, stop: asyncio.Event) -> None:
         assert self.labeller is not None
@@ -95,12 +101,6 @@ class Node:
         stopper.cancel()
         if not stop.is_set():
             await self.labeller.run(stop)
-
-
-def _first(manager: ConfigManager[Settings]) -> Settings:
-    settings = manager.settings
-    assert settings is not None, "the config manager applies a config before the agent starts"
-    return settings
 
 
 def _labeller(agent: Agent, opts: LabelOptions) -> Labeller:

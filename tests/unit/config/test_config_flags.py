@@ -12,8 +12,10 @@ from gpuslice.config.flags import (
     KUBELET_SOCKET,
     GfdEnv,
     check_settings,
+    command_env,
     resolve,
     setting,
+    split_address,
     with_defaults,
 )
 from gpuslice.config.loader import load_config
@@ -393,8 +395,10 @@ UPSTREAM = {
     "kube-api-burst": ("KUBE_API_BURST", None),
     "pod-name": ("POD_NAME", None),
     # ours
+    "config-map": ("CONFIG_MAP", None),
     "labels": ("GPUSLICE_LABELS", None),
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
+    "cdi-spec-dir": ("CDI_SPEC_DIR", None),
 }
 
 
@@ -433,3 +437,72 @@ def test_config_reference_documents_every_flag_and_env_var() -> None:
     for flag in FLAGS:
         for word in (*flag.options, *flag.env, *((flag.key,) if flag.key else ())):
             assert f"`{word}`" in text, word
+
+
+# ---- which commands take each flag
+
+
+COMMANDS = {"run", "labels", "inspect"}
+# GPU Feature Discovery's own flags: `gpuslice labels` takes each, as a GFD DaemonSet passes them.
+GFD_FLAGS = {
+    "mig-strategy", "fail-on-init-error", "mps-root", "driver-root", "dev-root",
+    "gdrcopy-enabled", "gds-enabled", "mofed-enabled", "use-node-feature-api",
+    "device-discovery-strategy", "oneshot", "no-timestamp", "sleep-interval", "output-file",
+    "machine-type-file", "config-file", "driver-root-ctr-path", "kubeconfig", "kube-api-qps",
+    "kube-api-burst", "namespace", "node-name", "pod-name",
+}  # fmt: skip
+
+
+def test_every_flag_names_only_known_commands_once() -> None:
+    for flag in FLAGS:
+        assert flag.uses | flag.accepts <= COMMANDS, flag.name
+        assert not flag.uses & flag.accepts, flag.name
+
+
+def test_the_agent_takes_every_flag_and_the_labeller_exactly_gfds() -> None:
+    """A plugin DaemonSet's and a GFD DaemonSet's arguments keep working unchanged."""
+    assert all(flag.taken_by("run") or flag.name == "oneshot" for flag in FLAGS)
+    assert {flag.name for flag in FLAGS if flag.taken_by("labels")} == GFD_FLAGS
+
+
+def test_inspect_takes_only_what_changes_its_report() -> None:
+    taken = {flag.name for flag in FLAGS if flag.taken_by("inspect")}
+    assert taken == {"mig-strategy", "mps-root", "machine-type-file", "config-file"}
+
+
+def test_a_command_reads_only_the_env_vars_of_its_flags() -> None:
+    environ = {"KUBELET_SOCKET": "/k", "MIG_STRATEGY": "mixed", "HOME": "/root", "GFD_ONESHOT": "1"}
+    assert command_env("inspect", environ) == {"MIG_STRATEGY": "mixed", "HOME": "/root"}
+    assert command_env("labels", environ) == {
+        "MIG_STRATEGY": "mixed", "HOME": "/root", "GFD_ONESHOT": "1"
+    }  # fmt: skip
+    assert "KUBELET_SOCKET" in command_env("run", environ)
+
+
+# ---- the status address
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (":8080", ("", 8080)),
+        ("127.0.0.1:8080", ("127.0.0.1", 8080)),
+        ("[::1]:0", ("::1", 0)),
+        ("node.example:65535", ("node.example", 65535)),
+        ("abc", None),
+        ("::::", None),
+        ("::1:8080", None),  # IPv6 needs brackets
+        ("127.0.0.1:99999", None),
+        ("127.0.0.1:-1", None),
+        ("127.0.0.1:", None),
+        ("a b:80", None),
+    ],
+)
+def test_split_address(text: str, expected: tuple[str, int] | None) -> None:
+    assert split_address(text) == expected
+
+
+def test_a_malformed_status_address_is_refused_naming_the_env_var() -> None:
+    with pytest.raises(ConfigError, match=r'^env GPUSLICE_STATUS_ADDRESS: got "8080"; expected'):
+        check_settings({}, {"GPUSLICE_STATUS_ADDRESS": "8080"})
+    assert check_settings({"status-address": ""}, {})["status-address"] == ""

@@ -15,7 +15,8 @@ NAME_RULE = (
 )
 DEVICES_RULE = (
     '"all", a positive count, or a list of GPU indexes (0), MIG indexes ("0:1") or UUIDs '
-    "(GPU-..., MIG-...)"
+    "(GPU-<uuid>, MIG-<uuid>, MIG-GPU-<uuid>/<gi>/<ci>; <uuid> is "
+    "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx in hex)"
 )
 DURATION_RULE = (
     'duration string such as "60s", "1m30s", "500ms" or "infinite" '

@@ -151,7 +151,8 @@ def test_go_duration_strings_are_accepted(duration: str) -> None:
         ["0", "1:2"],
         ["GPU-8f2a1c3e-1d4b-4c5a-9e8f-0a1b2c3d4e5f"],
         ["MIG-GPU-8f2a1c3e-1d4b-4c5a-9e8f-0a1b2c3d4e5f/1/0"],
-        ["MIG-3b2a1c3e-aaaa"],
+        ["MIG-3b2a1c3e-aaaa-bbbb-cccc-dddddddddddd"],
+        ["GPU-8F2A1C3E-1D4B-4C5A-9E8F-0A1B2C3D4E5F", 3, "2:0"],
     ],
 )
 def test_devices_accepts_all_a_count_or_a_list_of_references(devices: object) -> None:

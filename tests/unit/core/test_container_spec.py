@@ -12,8 +12,10 @@ from gpuslice.core.container_spec import (
     DEVICE_LIST_ROOT,
     VISIBLE_DEVICES,
     container_allocation,
+    usable_imex_channels,
 )
 from gpuslice.core.devices import replica_id
+from gpuslice.core.errors import HardwareError
 from gpuslice.core.resources import AdvertisedDevice, Resource, build_resources
 from gpuslice.core.response import (
     CDI_ANNOTATIONS,
@@ -256,6 +258,33 @@ def test_imex_channel_as_env_mount_and_device_spec() -> None:
     assert Mount(f"{DEVICE_LIST_ROOT}/imex/0", "/dev/null") in got.mounts
     channel = "/dev/nvidia-caps-imex-channels/channel0"
     assert got.device_specs[-1] == DeviceSpec(channel, channel)
+
+
+def test_a_required_imex_channel_that_is_missing_fails_naming_its_device() -> None:
+    """As upstream: with imex.required the plugin does not start without the channel."""
+    with pytest.raises(HardwareError) as caught:
+        usable_imex_channels((0,), frozenset(), required=True)
+    assert str(caught.value) == (
+        "imex.required: IMEX channel 0 is required but /dev/nvidia-caps-imex-channels/channel0 "
+        "does not exist on this node; start the IMEX daemon that creates it, or set "
+        "imex.required (--imex-required, IMEX_REQUIRED) to false"
+    )
+
+
+def test_a_missing_imex_channel_not_required_is_left_out_with_a_warning() -> None:
+    """No NVIDIA_IMEX_CHANNELS=0 for a channel that does not exist (upstream skips it)."""
+    channels, warnings = usable_imex_channels((0,), frozenset(), required=False)
+    assert channels == ()
+    assert warnings == (
+        "imex.channelIDs: /dev/nvidia-caps-imex-channels/channel0 does not exist on this "
+        "node; channel 0 is left out of every allocation (imex.required is false)",
+    )
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_a_present_imex_channel_is_handed_out_silently(required: bool) -> None:
+    assert usable_imex_channels((0,), {0}, required=required) == ((0,), ())
+    assert usable_imex_channels((), set(), required=required) == ((), ())
 
 
 def test_no_imex_env_without_channels() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuslice.config.health_env import xid_policy_from_env
 from gpuslice.core.devices import HealthEvent
 from gpuslice.core.health import DEFAULT_SKIPPED_XIDS, XidPolicy
 
@@ -19,7 +20,7 @@ def policy(disable: str | None = None, enable: str | None = None) -> XidPolicy:
         env["DP_DISABLE_HEALTHCHECKS"] = disable
     if enable is not None:
         env["DP_ENABLE_HEALTHCHECKS"] = enable
-    return XidPolicy.from_env(env)
+    return xid_policy_from_env(env)
 
 
 def counted(p: XidPolicy) -> set[int]:

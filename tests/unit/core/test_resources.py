@@ -363,3 +363,74 @@ def test_selection_matching_nothing_leaves_the_resource_unshared() -> None:
     res = b.only(build_resources(b.snapshot(*b.gpus(2)), plan))
     assert ids(res) == [b.gpu_uuid(0), b.gpu_uuid(1)]
     assert res.sharing == NONE
+
+
+# --- MPS and MIG -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", [MIG_NONE, MIG_SINGLE])
+def test_mps_on_a_node_with_a_mig_enabled_gpu_is_refused_naming_the_gpu(strategy: str) -> None:
+    """Upstream refuses MPS on MIG; serving replicas there would promise sharing that the
+    MPS daemon cannot give."""
+    rule = ReplicaRule(name=GPU_RESOURCE, replicas=4)
+    plan = b.settings(strategy, rule, strategy=MPS)
+    node = b.snapshot(b.gpu(0, profiles=["1g.5gb"]), b.gpu(1, profiles=["1g.5gb"]))
+    with pytest.raises(HardwareError) as caught:
+        build_resources(node, plan)
+    assert str(caught.value) == (
+        f"sharing.mps: GPU 0 ({b.gpu_uuid(0)}) has MIG enabled, and MPS cannot share a "
+        "MIG-enabled GPU (as upstream); disable MIG on it or share with timeSlicing"
+    )
+
+
+def test_mps_on_mig_capable_gpus_with_mig_disabled_is_served() -> None:
+    plan = b.settings(MIG_NONE, ReplicaRule(name=GPU_RESOURCE, replicas=4), strategy=MPS)
+    got = b.only(build_resources(b.snapshot(*b.gpus(2)), plan))
+    assert (len(got.devices), got.sharing) == (8, MPS)
+
+
+def test_time_slicing_on_a_mig_enabled_gpu_is_still_served() -> None:
+    rule = ReplicaRule(name=GPU_RESOURCE, replicas=2)
+    got = b.build(MIG_SINGLE, b.gpu(0, profiles=["1g.5gb"]), rules=[rule])
+    assert len(got[GPU_RESOURCE].devices) == 2
+
+
+# --- sharing rules that match nothing on this node -------------------------------
+
+
+def test_a_rule_for_a_resource_the_node_lacks_is_a_layout_warning() -> None:
+    """A T4 node given a MIG rule (or a MIG node given a GPU rule) shares nothing; say so."""
+    mig_rule = ReplicaRule(name="nvidia.com/mig-1g.5gb", replicas=4)
+    plan = b.settings(MIG_NONE, mig_rule, ReplicaRule(name=GPU_RESOURCE, replicas=2))
+    assert layout_warnings(b.gpus(2), plan) == (
+        "sharing: nvidia.com/mig-1g.5gb matches no device of this node (migStrategy none; "
+        "it has nvidia.com/gpu); nothing is shared under that name",
+    )
+    all_mig = (b.gpu(0, profiles=["1g.5gb"]),)
+    assert layout_warnings(all_mig, b.settings(MIG_MIXED, mig_rule)) == ()
+    gpu_rule = b.settings(MIG_MIXED, ReplicaRule(name=GPU_RESOURCE, replicas=2))
+    assert layout_warnings(all_mig, gpu_rule) == (
+        "sharing: nvidia.com/gpu matches no device of this node (migStrategy mixed; "
+        "it has nvidia.com/mig-1g.5gb); nothing is shared under that name",
+    )
+
+
+def test_a_rule_on_a_node_without_gpus_warns_once_per_name() -> None:
+    rule = ReplicaRule(name=GPU_RESOURCE, replicas=2)
+    assert layout_warnings((), b.settings(MIG_NONE, rule, rule)) == (
+        "sharing: nvidia.com/gpu matches no device of this node (migStrategy none; "
+        "it has no resources); nothing is shared under that name",
+    )
+
+
+def test_layout_warnings_of_a_strategy_alone_know_no_rules() -> None:
+    gpus = (b.gpu(0, profiles=[]),)
+    assert layout_warnings(gpus, MIG_MIXED) == layout_warnings(gpus, b.settings(MIG_MIXED))
+    assert layout_warnings(b.gpus(1), MIG_NONE) == ()
+
+
+def test_a_layout_that_breaks_the_strategy_gives_no_rule_warning() -> None:
+    """build_resources reports the layout itself; the warnings do not guess."""
+    rule = ReplicaRule(name=GPU_RESOURCE, replicas=2)
+    mixed_modes = (b.gpu(0), b.gpu(1, profiles=["1g.5gb"]))
+    assert layout_warnings(mixed_modes, b.settings(MIG_SINGLE, rule)) == ()

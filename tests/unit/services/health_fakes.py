@@ -88,6 +88,16 @@ class NullEndpoint:
     def current(self) -> bool:
         return True
 
+    def socket_present(self) -> bool:
+        return True
+
+    def down(self) -> str | None:
+        return None
+
+    async def wait_down(self) -> str:
+        await asyncio.Event().wait()  # never goes down
+        return ""
+
 
 def endpoint(handler: ResourceHandler) -> NullEndpoint:
     return NullEndpoint()

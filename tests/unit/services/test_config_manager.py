@@ -1,8 +1,10 @@
-"""ConfigManager: the config chosen by the node label, applied live from a mounted ConfigMap.
+"""ConfigManager: the config chosen by the node label, applied live from a mounted ConfigMap
+or from the ConfigMap read through the API.
 
 Real files laid out as the kubelet mounts a ConfigMap (entries are symlinks through `..data`,
 updated by an atomic swap of that symlink), the real DirWatcher in inotify and polling mode,
-and a queue-driven Node label source standing in for the Kubernetes API.
+and a queue-driven Node label source standing in for the Kubernetes API; for the API
+source, MemoryNodeApi's ConfigMap.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.core.errors import ConfigError, GpusliceError, HardwareError
@@ -26,6 +29,7 @@ from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.agent import DirEvents, DirWatch
 from gpuslice.services.config_manager import ConfigManager, ConfigStatus
+from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries
 
 NODE = "gpu-node-7"
 WITHIN_S = 1.0  # how fast a change must be applied
@@ -84,6 +88,7 @@ class FakeNode:
         self.watching = asyncio.Event()  # set when the manager waits for the first read
         self.watched: list[str] = []
         self.events: list[tuple[str, str, str, bool]] = []
+        self.handled = asyncio.Event()  # set when the manager asks for the next update
         self._updates: asyncio.Queue[dict[str, str] | None] = asyncio.Queue()
         self._recorded: asyncio.Queue[str] = asyncio.Queue()
 
@@ -99,6 +104,7 @@ class FakeNode:
         self.watching.set()
         while (labels := await self._updates.get()) is not None:
             yield labels
+            self.handled.set()
 
     async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         self.events.append((node, reason, message, warning))
@@ -125,14 +131,20 @@ def to_settings(loaded: LoadedConfig) -> Applied:
 
 
 class Applier:
-    """The agent's apply(): records what it was given; refuses while `refuse` is set."""
+    """The agent's apply(): records what it was given; refuses while `refuse` is set;
+    while `hold` is set, returns only once it is set (an agent whose backend still opens)."""
 
     def __init__(self) -> None:
         self.applied: list[Applied] = []
         self.refuse: str | None = None
+        self.hold: asyncio.Event | None = None
+        self.entered = asyncio.Event()  # set at each call
         self._queue: asyncio.Queue[Applied] = asyncio.Queue()
 
     async def __call__(self, settings: Applied) -> None:
+        self.entered.set()
+        if self.hold is not None:
+            await self.hold.wait()
         if self.refuse is not None:
             raise HardwareError(self.refuse)
         self.applied.append(settings)
@@ -199,10 +211,9 @@ def manager_for(
     return ConfigManager(
         node,
         NODE,
-        configmap.path,
+        DirectoryEntries(configmap.path, watch),
         to_settings,
         applier,
-        watch=watch,
         default=default,
         fallbacks=fallbacks,
         debounce_s=debounce_s,
@@ -560,3 +571,225 @@ async def test_plain_directory_file_replaced_is_applied(
             assert (await applier.next()).replicas == 9
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_config_is_reported_only_once_apply_returned(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    """While the agent is still starting, the first config is "applying", not in force;
+    a label flip meanwhile is read right after it and applied too."""
+    configmap.write({"ts": timeslicing(2), "big": timeslicing(8)})
+    manager = manager_for(node, configmap, applier, watch)
+    applier.hold = asyncio.Event()
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        async with asyncio.timeout(WITHIN_S):
+            await applier.entered.wait()
+        assert manager.status == ConfigStatus(
+            None, False, f"applying ts (label {DEFAULT_LABEL}=ts): waiting until it is served"
+        )
+        assert not manager.ready.is_set()
+        node.handled.clear()
+        node.push({DEFAULT_LABEL: "big"})
+        async with asyncio.timeout(WITHIN_S):
+            await node.handled.wait()
+        assert manager.label == "big"
+        assert applier.applied == []
+        applier.hold.set()
+        await started(manager, task)
+        assert (await applier.next()).name == "ts"
+        assert (await applier.next()).name == "big"
+        assert manager.status == ConfigStatus("big", True, f"label {DEFAULT_LABEL}=big")
+
+
+@pytest.mark.parametrize("empty", ["", "# cut here\n", "   \n"])
+async def test_an_emptied_entry_keeps_the_last_good_one_until_version_v1(
+    node: FakeNode,
+    configmap: MountedConfigMap,
+    applier: Applier,
+    watch: DirWatch,
+    empty: str,
+) -> None:
+    """An entry that had content and becomes empty is a truncated write, not a wish to
+    drop sharing: rejected and reported; `version: v1` alone is the deliberate empty one."""
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        configmap.write({"ts": empty})
+        message = await node.next_event()
+        assert message.startswith("config rejected, keeping ts: ")
+        assert "the config is empty" in message
+        assert "\n" not in message
+        assert manager.status == ConfigStatus("ts", False, message)
+        configmap.write({"ts": "version: v1\n"})
+        assert (await applier.next()).replicas == 1
+        assert manager.status.ok
+    assert [a.replicas for a in applier.applied] == [2, 1]
+
+
+async def test_an_empty_entry_is_accepted_at_start_and_may_stay_empty(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
+) -> None:
+    configmap.write({"ts": ""})
+    manager = manager_for(node, configmap, applier, watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        assert (await applier.next()).replicas == 1
+        seen = manager.checks
+        configmap.write({"ts": "# still nothing\n"})
+        await settled(manager, seen)
+        assert manager.status.ok
+        assert node.events == []
+
+
+# The same manager over the ConfigMap read through the API (MemoryNodeApi plays it).
+
+NS = "gpu-operator"
+CM = "gpuslice-configs"
+DEFAULT_ANNOTATION = "gpuslice.io/default-config"
+
+
+def api_manager(
+    node: FakeNode, api: MemoryNodeApi, applier: Applier, *, default: str | None = None
+) -> ConfigManager[Applied]:
+    return ConfigManager(
+        node, NODE, ConfigMapEntries(api, NS, CM), to_settings, applier, default=default
+    )
+
+
+async def test_configmap_from_the_api_edits_apply_and_the_label_picks_among_its_entries(
+    node: FakeNode, applier: Applier
+) -> None:
+    api = MemoryNodeApi()
+    api.put_config_map(NS, CM, {"ts": timeslicing(2), "big": timeslicing(8)})
+    manager = api_manager(node, api, applier)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        first = await applier.next()
+        assert (first.name, first.replicas) == ("ts", 2)
+        assert manager.current is not None
+        assert manager.current.source == f"ConfigMap {NS}/{CM}[ts]"
+        api.put_config_map(NS, CM, {"ts": timeslicing(3), "big": timeslicing(8)})
+        assert (await applier.next()).replicas == 3
+        node.push({DEFAULT_LABEL: "big"})
+        assert (await applier.next()).replicas == 8
+        seen = manager.checks
+        api.put_config_map(NS, CM, {"ts": timeslicing(5), "big": timeslicing(8)})
+        await settled(manager, seen)  # another entry edited: read, nothing applied
+    assert [a.replicas for a in applier.applied] == [2, 3, 8]
+
+
+async def test_the_default_annotation_applies_live_and_the_flag_wins_over_it(
+    node: FakeNode, applier: Applier
+) -> None:
+    """What `helm upgrade --set config.default=X` changes: the ConfigMap's annotation."""
+    api = MemoryNodeApi()
+    data = {"default": timeslicing(2), "ts-4": timeslicing(4), "ts-8": timeslicing(8)}
+    api.put_config_map(NS, CM, data)
+    manager = api_manager(node, api, applier)
+    node.push({})
+    async with running(manager) as task:
+        await started(manager, task)
+        assert (await applier.next()).name == "default"  # fallback named
+        api.put_config_map(NS, CM, data, {DEFAULT_ANNOTATION: "ts-8"})
+        assert (await applier.next()).name == "ts-8"
+        assert manager.status == ConfigStatus(
+            "ts-8", True, f"label {DEFAULT_LABEL} unset; default config"
+        )
+        api.put_config_map(NS, CM, data, {DEFAULT_ANNOTATION: "h100"})
+        message = await node.next_event()
+        assert message == (
+            'config rejected, keeping ts-8: specified config "h100" does not exist; '
+            "available: default, ts-4, ts-8"
+        )
+
+    other, pinned = FakeNode(), Applier()
+    flagged = api_manager(other, api, pinned, default="ts-4")
+    other.push({})
+    async with running(flagged) as task:
+        await started(flagged, task)
+        assert (await pinned.next()).name == "ts-4"  # --default-config beats the annotation
+
+
+async def test_a_deleted_configmap_keeps_the_last_good_config_until_it_returns(
+    node: FakeNode, applier: Applier
+) -> None:
+    api = MemoryNodeApi()
+    api.put_config_map(NS, CM, {"ts": timeslicing(2)})
+    manager = api_manager(node, api, applier)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        api.delete_config_map(NS, CM)
+        message = await node.next_event()
+        assert message == (
+            f"config rejected, keeping ts: ConfigMap {NS}/{CM} not found (deleted, or not "
+            "created yet)"
+        )
+        assert manager.status == ConfigStatus("ts", False, message)
+        api.put_config_map(NS, CM, {"ts": timeslicing(6)})
+        assert (await applier.next()).replicas == 6
+        assert manager.status.ok
+
+
+async def test_an_emptied_configmap_entry_keeps_the_last_good_one(
+    node: FakeNode, applier: Applier
+) -> None:
+    """The directory's truncated-write rule, shared: an entry that had content and is
+    now blank is rejected."""
+    api = MemoryNodeApi()
+    api.put_config_map(NS, CM, {"ts": timeslicing(2)})
+    manager = api_manager(node, api, applier)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        api.put_config_map(NS, CM, {"ts": ""})
+        message = await node.next_event()
+        assert message.startswith(f"config rejected, keeping ts: ConfigMap {NS}/{CM}[ts]: ")
+        assert "the config is empty" in message
+    assert len(applier.applied) == 1
+
+
+async def test_an_unreachable_api_keeps_the_config_and_says_so_until_it_is_back(
+    node: FakeNode, applier: Applier
+) -> None:
+    api = MemoryNodeApi()
+    api.put_config_map(NS, CM, {"ts": timeslicing(2)})
+    manager = api_manager(node, api, applier)
+    node.push({DEFAULT_LABEL: "ts"})
+    async with running(manager) as task:
+        await started(manager, task)
+        await applier.next()
+        seen = manager.checks
+        api.set_reachable(False)
+        await settled(manager, seen)  # the trouble is read like a change
+        status = manager.status.as_dict()
+        assert status["config"] == "ts"
+        assert status["ok"] is False
+        assert status["source"] == (
+            f"cannot follow ConfigMap {NS}/{CM}, retrying; keeping what it last said: "
+            "watch ConfigMap: Kubernetes API unreachable (simulated)"
+        )
+        assert len(applier.applied) == 1
+        api.put_config_map(NS, CM, {"ts": timeslicing(4)})  # made during the outage
+        api.set_reachable(True)
+        assert (await applier.next()).replicas == 4
+        assert manager.status == ConfigStatus("ts", True, f"label {DEFAULT_LABEL}=ts")
+        assert "source" not in manager.status.as_dict()
+    assert node.events == []
+
+
+async def test_a_missing_configmap_at_start_is_raised(node: FakeNode, applier: Applier) -> None:
+    manager = api_manager(node, MemoryNodeApi(), applier)
+    node.push({})
+    with pytest.raises(ConfigError, match=f"^ConfigMap {NS}/{CM} not found"):
+        async with running(manager) as task:
+            await started(manager, task)
+    assert applier.applied == []

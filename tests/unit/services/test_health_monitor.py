@@ -15,6 +15,7 @@ import structlog
 from health_fakes import FakeClock, Node, ScriptedBackend, mixed_node, serve
 
 from gpuslice.adapters.fake import FakeBackend
+from gpuslice.config.health_env import xid_policy_from_env
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
 from gpuslice.core.health import XidPolicy
@@ -78,7 +79,7 @@ class Rig:
 
 async def rig(policy: XidPolicy | None = None, recovery: RecoveryPolicy = HOLD, **env: str) -> Rig:
     node = await serve(*mixed_node())
-    return Rig(node, policy or XidPolicy.from_env(env), recovery)
+    return Rig(node, policy or xid_policy_from_env(env), recovery)
 
 
 async def test_a_gpu_fault_marks_every_replica_and_mig_device_in_every_resource() -> None:

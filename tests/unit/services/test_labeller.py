@@ -230,6 +230,74 @@ def test_intervals_must_be_positive() -> None:
         Labeller(Source(T4), [], interval_s=0)
     with pytest.raises(ValueError, match="retry_s"):
         Labeller(Source(T4), [], retry_s=-1)
+    with pytest.raises(ValueError, match="retry_max_s"):
+        Labeller(Source(T4), [], retry_max_s=0)
+
+
+async def test_retries_back_off_twice_as_long_each_time_up_to_the_cap(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    """The same reason again is logged at debug level only; recovery is logged."""
+    flaky = RecordingSink(failures=4)
+    labeller = Labeller(Source(T4), [flaky], interval_s=None, retry_s=0.01, retry_max_s=0.04)
+    async for _stop in running(labeller):
+        await flaky.until(5)
+        await asyncio.wait_for(labeller.wait_for(lambda: labeller.status()["ok"]), 5)
+    failed = [e for e in logs if e["event"] == "labels_failed"]
+    assert [e["retry_s"] for e in failed] == [0.01, 0.02, 0.04, 0.04]
+    assert [e["log_level"] for e in failed] == ["error", "debug", "debug", "debug"]
+    assert any(e["event"] == "labels_recovered" for e in logs)
+
+
+async def test_status_says_how_publishing_stands() -> None:
+    flaky = RecordingSink(failures=1)
+    labeller = Labeller(Source(T4), [flaky], interval_s=None, retry_s=30)
+    assert labeller.status() == {"ok": False, "detail": "not labelled yet"}
+    async for _stop in running(labeller):
+        await flaky.until(1)
+        await asyncio.wait_for(labeller.wait_for(lambda: "next" in labeller.status()["detail"]), 5)
+        assert labeller.status() == {
+            "ok": False,
+            "detail": "API server unreachable; next attempt in 30s",
+        }
+        labeller.nudge()  # a config change does not wait for the backoff
+        await flaky.until(2)
+        await asyncio.wait_for(labeller.wait_for(lambda: labeller.status()["ok"]), 5)
+    assert labeller.status() == {"ok": True, "detail": f"{len(T4) + 1} labels published"}
+
+
+async def test_a_nudge_relabels_in_the_background_in_infinite_mode() -> None:
+    source, recorder = Source(T4), RecordingSink()
+    labeller = Labeller(source, [recorder], interval_s=None)
+    async for _stop in running(labeller):
+        await recorder.until(1)
+        source.labels = dict(T4_SHARED)
+        labeller.nudge()  # returns at once; the loop publishes
+        await recorder.until(2)
+    assert recorder.calls[-1]["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+
+
+class BrokenSink(RecordingSink):
+    """Fails once with an error no sink should raise (not a GpusliceError)."""
+
+    async def publish(self, labels: Mapping[str, str]) -> bool:
+        first = not self.calls
+        written = await super().publish(labels)
+        if first:
+            raise RuntimeError("unexpected\nanswer")
+        return written
+
+
+async def test_an_unexpected_sink_error_is_reported_and_retried_not_raised() -> None:
+    sink = BrokenSink()
+    labeller = Labeller(Source(T4), [sink], interval_s=None, retry_s=0.01)
+    async for _stop in running(labeller):
+        await sink.until(2)
+        await asyncio.wait_for(labeller.wait_for(lambda: labeller.status()["ok"]), 5)
+    direct = Labeller(Source(T4), [BrokenSink()], interval_s=None)
+    with pytest.raises(RuntimeError):  # relabel() itself still raises it
+        await direct.relabel()
+    assert direct.status() == {"ok": False, "detail": "unexpected answer"}  # one line
 
 
 # --- sources and the NodeFeature sink ----------------------------------------------------

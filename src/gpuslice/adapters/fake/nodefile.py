@@ -21,7 +21,7 @@ from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, 
 from gpuslice.core.errors import ConfigError
 
 NODE_KEYS = ("name", "machine", "driver_version", "nvml_version", "cuda_driver_version")
-TOP_KEYS = (*NODE_KEYS, "gpus", "nvlink")
+TOP_KEYS = (*NODE_KEYS, "gpus", "nvlink", "imex_channels")
 GPU_KEYS = (
     "model", "count", "name", "uuid", "minor", "memory_mib", "compute_capability",
     "pci_bus_id", "numa_node", "brand", "architecture", "multiprocessors",
@@ -55,8 +55,21 @@ def mig_cap_paths(gpu_minor: int, gi: int, ci: int) -> tuple[str, str]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFile:
+    """A node description: its GPUs, and the IMEX channels whose device nodes exist."""
+
+    snapshot: HardwareSnapshot
+    imex_channels: frozenset[int] = frozenset()
+
+
 def parse_node(text: str, source: str) -> HardwareSnapshot:
     """Parse and validate a node description; `source` prefixes every error."""
+    return parse_node_file(text, source).snapshot
+
+
+def parse_node_file(text: str, source: str) -> NodeFile:
+    """parse_node, with the node's IMEX channels."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -71,7 +84,7 @@ def parse_node(text: str, source: str) -> HardwareSnapshot:
         gpus.extend(_gpu_entry(Fields(raw, path, source, GPU_KEYS), name, len(gpus)))
     check_unique(top, gpus)
     gpus = apply_nvlinks(top, gpus)
-    return HardwareSnapshot(
+    snapshot = HardwareSnapshot(
         gpus=tuple(gpus),
         driver_version=top.opt_text("driver_version") or "",
         nvml_version=top.opt_text("nvml_version") or "",
@@ -79,6 +92,16 @@ def parse_node(text: str, source: str) -> HardwareSnapshot:
         machine=top.opt_text("machine") or "",
         extra={"backend": "fake", "node": name},
     )
+    return NodeFile(snapshot, _imex_channels(top))
+
+
+def _imex_channels(top: Fields) -> frozenset[int]:
+    channels: set[int] = set()
+    for path, raw in top.items("imex_channels"):
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0 or raw in channels:
+            top.fail(path, f"expected a distinct channel number >= 0, got {describe(raw)}")
+        channels.add(raw)
+    return frozenset(channels)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from gpuslice.adapters.fake.nodefile import parse_node
+from gpuslice.adapters.fake.nodefile import NodeFile, parse_node_file
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import ConfigError
 
@@ -37,8 +38,26 @@ def profile_text(name: str) -> str:
 
 def load_spec(spec: str) -> HardwareSnapshot:
     """A built-in profile name, or a path to a YAML node file."""
+    return load_node(spec).snapshot
+
+
+def imex_channels(spec: str) -> frozenset[int]:
+    """The IMEX channels whose device nodes exist on the simulated node (`imex_channels`
+    of its node file; none on the built-in profiles). Asked at each config load."""
     if spec in profile_names():
-        return parse_node(profile_text(spec), f"profile {spec}")
+        return _profile_imex_channels(spec)  # a profile never changes: parse it once
+    return load_node(spec).imex_channels
+
+
+@cache
+def _profile_imex_channels(name: str) -> frozenset[int]:
+    return load_node(name).imex_channels
+
+
+def load_node(spec: str) -> NodeFile:
+    """The node described by a built-in profile name or a YAML node file."""
+    if spec in profile_names():
+        return parse_node_file(profile_text(spec), f"profile {spec}")
     path = Path(spec)
     try:
         text = path.read_text(encoding="utf-8")
@@ -48,4 +67,4 @@ def load_spec(spec: str) -> HardwareSnapshot:
             f"fake hardware {spec!r}: not a built-in profile ({', '.join(profile_names())})"
             f" and not a readable node file ({reason})"
         ) from None
-    return parse_node(text, f"node file {spec}")
+    return parse_node_file(text, f"node file {spec}")

@@ -3,9 +3,9 @@
 It behaves like the Kubernetes adapter where the contract says so (first yield is
 the full read, later yields only on change, a missing Node is {}, NodeFeature
 written only when its labels change, Events best effort) and lets the caller play
-the cluster: set_labels / delete_node wake watchers at once (each change in order,
-as watch events arrive), set_reachable(False) makes reads and writes fail as an
-unreachable API server would.
+the cluster: set_labels / delete_node and put_config_map / delete_config_map wake
+watchers at once (each change in order, as watch events arrive), set_reachable(False)
+makes reads and writes fail as an unreachable API server would.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from typing import Any
 
 from gpuslice.adapters.kube import objects
 from gpuslice.core.errors import BackendError
+from gpuslice.core.ports import ConfigMapView
+
+_UNREACHABLE = "Kubernetes API unreachable (simulated)"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class MemoryNodeApi:
     def __init__(self, nodes: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self._nodes = {node: dict(labels) for node, labels in (nodes or {}).items()}
         self._watchers: dict[str, list[asyncio.Queue[dict[str, str]]]] = {}
+        self._maps: dict[tuple[str, str], ConfigMapView] = {}
+        self._map_watchers: dict[tuple[str, str], list[asyncio.Queue[ConfigMapView]]] = {}
         self._reachable = True
         self.node_features: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[RecordedEvent] = []
@@ -55,13 +60,33 @@ class MemoryNodeApi:
         self._nodes.pop(node, None)
         self._notify(node)
 
+    def put_config_map(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create or replace a ConfigMap; its watchers wake at once."""
+        self._maps[(namespace, name)] = ConfigMapView(dict(data), dict(annotations or {}))
+        self._notify_map((namespace, name))
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        self._maps.pop((namespace, name), None)
+        self._notify_map((namespace, name))
+
     def set_reachable(self, reachable: bool) -> None:
-        """While unreachable, watchers hear nothing; back online they get the labels
-        of the moment (as a re-read would), not each change they missed."""
+        """While unreachable, Node watchers hear nothing and ConfigMap watchers hear
+        that they are in trouble; back online they get the state of the moment (as a
+        re-read would), not each change they missed."""
         was, self._reachable = self._reachable, reachable
         if reachable and not was:
             for node in self._watchers:
                 self._notify(node)
+        for key, queues in self._map_watchers.items():
+            if reachable != was:
+                for queue in queues:
+                    queue.put_nowait(self._map_view(key))
 
     @property
     def reachable(self) -> bool:
@@ -95,6 +120,24 @@ class MemoryNodeApi:
         finally:
             self._watchers[node].remove(changes)
 
+    async def watch_config_map(
+        self, namespace: str, name: str
+    ) -> AsyncGenerator[ConfigMapView, None]:
+        key = (namespace, name)
+        self._check(f"read ConfigMap {namespace}/{name}")
+        changes: asyncio.Queue[ConfigMapView] = asyncio.Queue()
+        self._map_watchers.setdefault(key, []).append(changes)
+        try:
+            last = self._map_view(key)
+            yield last
+            while True:
+                view = await changes.get()
+                if view != last:
+                    last = view
+                    yield last
+        finally:
+            self._map_watchers[key].remove(changes)
+
     async def publish_node_feature(
         self, node: str, namespace: str, labels: Mapping[str, str]
     ) -> bool:
@@ -122,10 +165,22 @@ class MemoryNodeApi:
 
     def _check(self, what: str) -> None:
         if not self._reachable:
-            raise BackendError(f"{what}: Kubernetes API unreachable (simulated)", transient=True)
+            raise BackendError(f"{what}: {_UNREACHABLE}", transient=True)
 
     def _notify(self, node: str) -> None:
         if not self._reachable:
             return
         for changes in self._watchers.get(node, ()):
             changes.put_nowait(dict(self._nodes.get(node, {})))
+
+    def _map_view(self, key: tuple[str, str]) -> ConfigMapView:
+        """What a watcher of `key` holds now: while unreachable, the last view with trouble."""
+        view = self._maps.get(key, ConfigMapView(None))
+        if self._reachable:
+            return view
+        return ConfigMapView(view.data, view.annotations, f"watch ConfigMap: {_UNREACHABLE}")
+
+    def _notify_map(self, key: tuple[str, str]) -> None:
+        if self._reachable:
+            for changes in self._map_watchers.get(key, ()):
+                changes.put_nowait(self._map_view(key))

@@ -6,14 +6,17 @@ lightkube is imported when an instance is built, not when this module is, so
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
 
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.watch import Backoff, NodeState, follow_labels
+from gpuslice.adapters.kube.watch import Backoff, NodeState, State, Watched, follow, follow_labels
 from gpuslice.core.errors import BackendError
+from gpuslice.core.ports import ConfigMapView
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -26,13 +29,16 @@ _WRITE_ATTEMPTS = 3  # a 409 (changed meanwhile) is retried from a fresh read
 
 
 class KubeNodeApi:
-    """The agent's Node, its NodeFeature and its Events, over one lightkube AsyncClient.
+    """The agent's Node, its NodeFeature, its Events and the ConfigMap of per-node configs
+    (when read through the API), over one lightkube AsyncClient.
 
     `client` is used as given (tests inject one); otherwise one is built from
     `kubeconfig`, or from the in-cluster service account ($KUBECONFIG and
     ~/.kube/config as fallbacks). `pod_name` (the agent's own Pod, in the
-    NodeFeature's namespace) adds owner references to the NodeFeature: the Pod and
-    its DaemonSet, so deleting the DaemonSet garbage-collects it.
+    NodeFeature's namespace) gives a NodeFeature it creates owner references, as
+    upstream: the Pod's DaemonSet (as controller) and the Pod, so deleting the DaemonSet
+    garbage-collects it; none when no DaemonSet owns the Pod or the Pod cannot be read.
+    Node Events go to namespace default, the only one the API server accepts them in.
     Raises BackendError when no usable Kubernetes config is found.
     """
 
@@ -42,7 +48,6 @@ class KubeNodeApi:
         *,
         kubeconfig: str | None = None,
         pod_name: str | None = None,
-        event_namespace: str = "default",
         watch_timeout_s: int = 240,
         backoff_s: tuple[float, float] = (0.2, 30.0),
     ) -> None:
@@ -54,7 +59,6 @@ class KubeNodeApi:
         )
         self._owns_client = client is None
         self._pod_name = pod_name
-        self._event_namespace = event_namespace
         self._backoff_s = backoff_s
         self._uids: dict[str, str] = {}
         self._owners: dict[str, list[objects.OwnerRef]] = {}
@@ -75,7 +79,7 @@ class KubeNodeApi:
             state = await self._read(node)
         except NotFound as exc:
             raise BackendError(f"node {node} not found in the Kubernetes API") from exc
-        return state.labels
+        return state.value
 
     def watch_node_labels(self, node: str) -> AsyncGenerator[dict[str, str], None]:
         from gpuslice.adapters.kube.session import NotFound
@@ -92,6 +96,28 @@ class KubeNodeApi:
             lambda version: self._session.watch_node(node, version),
             Backoff(*self._backoff_s),
         )
+
+    async def watch_config_map(
+        self, namespace: str, name: str
+    ) -> AsyncGenerator[ConfigMapView, None]:
+        from gpuslice.adapters.kube.session import NotFound
+
+        async def read() -> State[ConfigMapView]:
+            try:
+                return await self._session.read_config_map(namespace, name)
+            except NotFound:
+                return State(ConfigMapView(None), None)  # watched from "now"
+
+        views = follow(
+            Watched("configmap", f"{namespace}/{name}"),
+            read,
+            lambda version: self._session.watch_config_map(namespace, name, version),
+            Backoff(*self._backoff_s),
+            ConfigMapView(None),
+        )
+        async with contextlib.aclosing(views):
+            async for view, trouble in views:
+                yield dataclasses.replace(view, trouble=trouble)
 
     async def publish_node_feature(
         self, node: str, namespace: str, labels: Mapping[str, str]
@@ -111,18 +137,23 @@ class KubeNodeApi:
         kind = objects.event_type(warning=warning)
         try:
             await self._session.create_event(
-                self._event_namespace, node, self._uids.get(node), reason, message, kind
+                objects.NODE_EVENT_NAMESPACE, node, self._uids.get(node), reason, message, kind
             )
         except Exception as exc:  # best effort by contract: an Event must never stop the agent
             _log.warning("node_event_failed", node=node, reason=reason, error=str(exc))
 
     async def _write_node_feature(self, node: str, namespace: str, wanted: dict[str, str]) -> bool:
+        from gpuslice.adapters.kube.session import NotFound
+
         name = objects.node_feature_name(node)
         stored = await self._session.get_node_feature(namespace, name)
         if stored is None:
             owners = await self._owner_refs(namespace)
             body = objects.node_feature_body(node, namespace, wanted, owners)
-            await self._session.create_node_feature(namespace, body)
+            try:
+                await self._session.create_node_feature(namespace, body)
+            except NotFound as exc:  # the object was absent, so the kind is unknown
+                raise NotFound(f"{exc} (is NFD installed? no NodeFeature CRD found)") from exc
         elif objects.holds(stored, wanted):
             return False
         else:
@@ -139,12 +170,18 @@ class KubeNodeApi:
         return state
 
     async def _owner_refs(self, namespace: str) -> list[objects.OwnerRef]:
+        """Looked up once per namespace. A Pod that cannot be read (missing, forbidden)
+        means no owners and one warning; a transient failure propagates, so the write is
+        retried with the owners it should have."""
         if self._pod_name is None:
             return []
         if namespace not in self._owners:
             try:
-                self._owners[namespace] = await self._session.pod_owners(namespace, self._pod_name)
+                owners = await self._session.pod_owners(namespace, self._pod_name)
             except BackendError as exc:
+                if exc.transient:
+                    raise
                 _log.warning("node_feature_no_owner", pod=self._pod_name, error=str(exc))
-                return []
+                owners = []
+            self._owners[namespace] = owners
         return self._owners[namespace]

@@ -20,6 +20,8 @@ NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
 COMPONENT = "gpuslice"
 EVENT_NORMAL = "Normal"
 EVENT_WARNING = "Warning"
+# The API server keeps an Event about a cluster-scoped object (a Node) only in "default".
+NODE_EVENT_NAMESPACE = "default"
 
 
 class OwnerRef(NamedTuple):
@@ -29,14 +31,28 @@ class OwnerRef(NamedTuple):
     kind: str
     name: str
     uid: str
+    controller: bool = False
 
-    def to_json(self) -> dict[str, str]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        ref: dict[str, Any] = {
             "apiVersion": self.api_version,
             "kind": self.kind,
             "name": self.name,
             "uid": self.uid,
         }
+        if self.controller:
+            ref["controller"] = True
+        return ref
+
+
+def daemonset_owners(pod: str, pod_uid: str, refs: Sequence[Mapping[str, Any]]) -> list[OwnerRef]:
+    """The NodeFeature's owners, as upstream sets them: the DaemonSet that owns the agent's
+    Pod (as controller) and the Pod itself; none when no DaemonSet owns the Pod."""
+    for ref in refs:
+        if ref.get("kind") == "DaemonSet":
+            owner = OwnerRef(ref["apiVersion"], "DaemonSet", ref["name"], ref["uid"], True)
+            return [owner, OwnerRef("v1", "Pod", pod, pod_uid)]
+    return []
 
 
 def node_feature_name(node: str) -> str:

@@ -10,9 +10,9 @@ raises WatchGone or WatchBroken instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 import msgspec
@@ -23,11 +23,21 @@ from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.watch import NodeState, WatchBroken, WatchEvent, WatchGone
+from gpuslice.adapters.kube.watch import (
+    OPENED,
+    NodeState,
+    State,
+    WatchBroken,
+    WatchEvent,
+    WatchGone,
+)
 from gpuslice.core.errors import BackendError
+from gpuslice.core.ports import ConfigMapView
+
+T = TypeVar("T")
 
 NodeFeature = create_namespaced_resource(
     objects.NFD_GROUP, objects.NFD_VERSION, objects.NODE_FEATURE_KIND, objects.NODE_FEATURE_PLURAL
@@ -44,12 +54,26 @@ class Conflict(BackendError):  # noqa: N818 - the HTTP term
 
 def make_client(kubeconfig: str | None) -> AsyncClient:
     """A client from a kubeconfig file, or else in-cluster / $KUBECONFIG / ~/.kube/config."""
-    source = kubeconfig or "in-cluster service account, $KUBECONFIG or ~/.kube/config"
+    source = (
+        f"--kubeconfig (KUBECONFIG) {kubeconfig}"
+        if kubeconfig
+        else "Kubernetes config (in-cluster service account, $KUBECONFIG or ~/.kube/config)"
+    )
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         return AsyncClient(config=config, field_manager=objects.COMPONENT)
-    except (KubeConfigError, KeyError, TypeError, ValueError, OSError, yaml.YAMLError) as exc:
-        raise BackendError(f"Kubernetes config ({source}) unusable: {_one_line(exc)}") from exc
+    except (
+        KubeConfigError,
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,  # a YAML document that is not a mapping
+        OSError,
+        yaml.YAMLError,
+        httpx2.InvalidURL,  # a malformed server URL
+    ) as exc:
+        why = f"no {exc} entry" if isinstance(exc, KeyError) else _one_line(exc)
+        raise BackendError(f"{source}: not a usable kubeconfig: {why}") from exc
 
 
 class ApiSession:
@@ -70,11 +94,40 @@ class ApiSession:
         meta = obj.metadata or ObjectMeta()
         return NodeState(dict(meta.labels or {}), meta.resourceVersion), meta.uid
 
-    async def watch_node(self, node: str, version: str | None) -> AsyncGenerator[WatchEvent, None]:
+    def watch_node(
+        self, node: str, version: str | None
+    ) -> AsyncGenerator[WatchEvent[dict[str, str]], None]:
         """One watch request on the Node, from `version`; ends when the server ends it."""
+        return self._watch("api/v1/nodes", f"node {node}", node, version, _labels)
+
+    async def read_config_map(self, namespace: str, name: str) -> State[ConfigMapView]:
+        """The ConfigMap's data and annotations, and its resourceVersion. Raises NotFound."""
+        with self._errors(f"read ConfigMap {namespace}/{name}"):
+            obj = await self._client.get(ConfigMap, name, namespace=namespace)
+        meta = obj.metadata or ObjectMeta()
+        view = ConfigMapView(dict(obj.data or {}), dict(meta.annotations or {}))
+        return State(view, meta.resourceVersion)
+
+    def watch_config_map(
+        self, namespace: str, name: str, version: str | None
+    ) -> AsyncGenerator[WatchEvent[ConfigMapView], None]:
+        """One watch request on the ConfigMap, from `version`."""
+        path = f"api/v1/namespaces/{namespace}/configmaps"
+        return self._watch(path, f"ConfigMap {namespace}/{name}", name, version, _config_map)
+
+    async def _watch(
+        self,
+        path: str,
+        what: str,
+        name: str,
+        version: str | None,
+        project: Callable[[_Object], T],
+    ) -> AsyncGenerator[WatchEvent[T], None]:
+        """One watch request on one object of the collection at `path`: OPENED once the
+        server answered, then its events until the server ends the watch."""
         params = {
             "watch": "true",
-            "fieldSelector": f"metadata.name={node}",
+            "fieldSelector": f"metadata.name={name}",
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(self._watch_timeout_s),
         }
@@ -83,17 +136,16 @@ class ApiSession:
         # The server ends the watch after timeoutSeconds; longer silence means a dead link.
         timeout = httpx2.Timeout(10.0, read=self._watch_timeout_s + 30.0)
         try:
-            async with self._http.stream(
-                "GET", "api/v1/nodes", params=params, timeout=timeout
-            ) as resp:
+            async with self._http.stream("GET", path, params=params, timeout=timeout) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _watch_failure(resp.status_code, _status_message(resp.content))
+                yield WatchEvent(OPENED, project(_Object()), None)
                 async for line in resp.aiter_lines():
                     if line.strip():
-                        yield _decode_event(line)
+                        yield _decode_event(line, project)
         except httpx2.TransportError as exc:
-            raise WatchBroken(f"watch node {node}: {_one_line(exc)}") from exc
+            raise WatchBroken(f"watch {what}: {_one_line(exc)}") from exc
 
     async def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -114,18 +166,16 @@ class ApiSession:
             await self._client.replace(NodeFeature(**body))
 
     async def pod_owners(self, namespace: str, pod: str) -> list[objects.OwnerRef]:
-        """The Pod itself and its DaemonSet, if a DaemonSet owns it."""
+        """The owners a NodeFeature gets from the agent's Pod (objects.daemonset_owners).
+        Raises NotFound when there is no such Pod."""
         with self._errors(f"read pod {namespace}/{pod}"):
             obj = await self._client.get(Pod, pod, namespace=namespace)
         meta = obj.metadata or ObjectMeta()
-        owners = [
-            objects.OwnerRef(ref.apiVersion, ref.kind, ref.name, ref.uid)
+        refs = [
+            {"apiVersion": ref.apiVersion, "kind": ref.kind, "name": ref.name, "uid": ref.uid}
             for ref in meta.ownerReferences or ()
-            if ref.kind == "DaemonSet"
         ]
-        if meta.uid:
-            owners.append(objects.OwnerRef("v1", "Pod", pod, meta.uid))
-        return owners
+        return objects.daemonset_owners(pod, meta.uid or "", refs)
 
     async def create_event(
         self, namespace: str, node: str, uid: str | None, reason: str, message: str, kind: str
@@ -168,19 +218,31 @@ class ApiSession:
             if code == 409:
                 raise Conflict(text, transient=True) from exc
             raise BackendError(text, transient=code >= 500 or code == 429) from exc
+        except msgspec.ValidationError as exc:  # an answer lightkube's models cannot hold
+            raise BackendError(f"{what}: unexpected answer: {_one_line(exc)}") from exc
 
 
 class _Meta(msgspec.Struct, rename="camel"):
     labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
     resource_version: str | None = None
 
 
 class _Object(msgspec.Struct):
-    """A Node (metadata only) or, in ERROR events, a Status (code, message)."""
+    """A Node or ConfigMap (the parts read) or, in ERROR events, a Status (code, message)."""
 
     metadata: _Meta = msgspec.field(default_factory=_Meta)
+    data: dict[str, str] | None = None
     code: int | None = None
     message: str | None = None
+
+
+def _labels(obj: _Object) -> dict[str, str]:
+    return dict(obj.metadata.labels or {})
+
+
+def _config_map(obj: _Object) -> ConfigMapView:
+    return ConfigMapView(dict(obj.data or {}), dict(obj.metadata.annotations or {}))
 
 
 class _Event(msgspec.Struct):
@@ -188,7 +250,7 @@ class _Event(msgspec.Struct):
     object: _Object
 
 
-def _decode_event(line: str) -> WatchEvent:
+def _decode_event(line: str, project: Callable[[_Object], T]) -> WatchEvent[T]:
     try:
         event = msgspec.json.decode(line, type=_Event)
     except msgspec.DecodeError as exc:
@@ -196,7 +258,7 @@ def _decode_event(line: str) -> WatchEvent:
     obj = event.object
     if event.type == "ERROR":
         raise _watch_failure(obj.code or 0, obj.message or "")
-    return WatchEvent(event.type, dict(obj.metadata.labels or {}), obj.metadata.resource_version)
+    return WatchEvent(event.type, project(obj), obj.metadata.resource_version)
 
 
 def _watch_failure(code: int, message: str) -> Exception:

@@ -1,6 +1,6 @@
-"""Follow one Node's labels: a full read first, then a watch that survives failures.
+"""Follow one object (a Node, a ConfigMap): a full read first, then a watch that survives failures.
 
-The loop knows nothing about HTTP: it gets a `read` (full GET of the Node) and an
+The loop knows nothing about HTTP: it gets a `read` (full GET of the object) and an
 `open_watch(resource_version)` (one watch request, as an async iterator of events
 that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them:
 
@@ -8,7 +8,11 @@ that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them
 - the watch starts from the read's resourceVersion; BOOKMARK events only move it;
 - a watch the server ends cleanly (its timeoutSeconds) resumes from the last version;
 - 410 Gone or a broken watch: back off, re-read fully (retrying until it works), resume;
-- labels are yielded only when they differ from the last ones yielded; a deleted Node is {}.
+- a value is yielded only when it differs from the last one yielded; a deleted object
+  is `gone`.
+
+follow() also yields the trouble it is in: from a broken watch or failed re-read until a
+watch request is answered again (the OPENED event), so a caller can say its view is stale.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import random
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import structlog
 
@@ -25,24 +30,29 @@ from gpuslice.core.errors import BackendError
 
 _log = structlog.get_logger()
 
+T = TypeVar("T")
 BOOKMARK = "BOOKMARK"
 DELETED = "DELETED"
+OPENED = "OPENED"  # not from the server: the watch request was answered 200
 _QUIET_END_S = 1.0  # a watch ending empty sooner than this counts as a failure
 
 
 @dataclass(frozen=True)
-class NodeState:
-    """What a full read returns; resource_version None when the Node does not exist."""
+class State(Generic[T]):
+    """What a full read returns; resource_version None when the object does not exist."""
 
-    labels: dict[str, str]
+    value: T
     resource_version: str | None
 
 
 @dataclass(frozen=True)
-class WatchEvent:
-    type: str  # ADDED, MODIFIED, DELETED or BOOKMARK
-    labels: dict[str, str]
+class WatchEvent(Generic[T]):
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK, or OPENED
+    value: T
     resource_version: str | None
+
+
+NodeState = State[dict[str, str]]  # a Node's labels
 
 
 class WatchGone(Exception):  # noqa: N818 - named after HTTP 410 Gone
@@ -73,57 +83,90 @@ class Backoff:
         self._next_s = self.initial_s
 
 
-ReadNode = Callable[[], Awaitable[NodeState]]
-OpenWatch = Callable[[str | None], AsyncGenerator[WatchEvent, None]]
+@dataclass(frozen=True)
+class Watched:
+    """What is followed, for log lines: kind (node, configmap) and name."""
+
+    kind: str
+    name: str
 
 
-async def follow_labels(
-    node: str, read: ReadNode, open_watch: OpenWatch, backoff: Backoff
-) -> AsyncGenerator[dict[str, str], None]:
-    """Yield the Node's labels after the first full read, then on every change."""
+Read = Callable[[], Awaitable[State[T]]]
+OpenWatch = Callable[[str | None], AsyncGenerator[WatchEvent[T], None]]
+
+
+async def follow(
+    what: Watched, read: Read[T], open_watch: OpenWatch[T], backoff: Backoff, gone: T
+) -> AsyncGenerator[tuple[T, str | None], None]:
+    """Yield (value, trouble) after the first full read, then whenever either changes;
+    trouble is None while the watch works, else one line saying why it does not."""
     state = await read()
-    last = state.labels
+    last, trouble = state.value, None
     version = state.resource_version
-    yield dict(last)
+    yield last, trouble
     loop = asyncio.get_running_loop()
+    log = _log.bind(**{what.kind: what.name})
     while True:
         try:
             started = loop.time()
             delivered = False
             async with contextlib.aclosing(open_watch(version)) as events:
                 async for event in events:
+                    if event.type == OPENED:
+                        if trouble is not None:
+                            trouble = None
+                            yield last, trouble
+                        continue
                     delivered = True
                     backoff.reset()
                     version = event.resource_version or version
                     if event.type == BOOKMARK:
                         continue
-                    labels = {} if event.type == DELETED else event.labels
-                    if labels != last:
-                        last = labels
-                        yield dict(labels)
+                    value = gone if event.type == DELETED else event.value
+                    if value != last:
+                        last = value
+                        yield last, trouble
             # A clean end (the server's timeoutSeconds) resumes at once, unless the
             # watch ended empty right away: that must not become a busy loop.
             if not delivered and loop.time() - started < _QUIET_END_S:
                 await backoff.wait()
             continue
         except WatchGone:
-            _log.info("node_watch_expired", node=node, resource_version=version)
+            log.info(f"{what.kind}_watch_expired", resource_version=version)
         except WatchBroken as exc:
-            _log.warning("node_watch_broken", node=node, error=str(exc))
-        state = await _read_until_ok(node, read, backoff)
+            log.warning(f"{what.kind}_watch_broken", error=str(exc))
+            if trouble != str(exc):
+                trouble = str(exc)
+                yield last, trouble
+        while True:  # re-read until it works
+            await backoff.wait()
+            try:
+                state = await read()
+                break
+            except BackendError as exc:
+                log.warning(f"{what.kind}_read_failed", error=str(exc))
+                if trouble != str(exc):
+                    trouble = str(exc)
+                    yield last, trouble
+        log.info(f"{what.kind}_watch_resumed", resource_version=state.resource_version)
         version = state.resource_version
-        if state.labels != last:
-            last = state.labels
-            yield dict(last)
+        if state.value != last:
+            last = state.value
+            yield last, trouble
 
 
-async def _read_until_ok(node: str, read: ReadNode, backoff: Backoff) -> NodeState:
-    while True:
-        await backoff.wait()
-        try:
-            state = await read()
-        except BackendError as exc:
-            _log.warning("node_read_failed", node=node, error=str(exc))
-            continue
-        _log.info("node_watch_resumed", node=node, resource_version=state.resource_version)
-        return state
+async def follow_labels(
+    node: str,
+    read: Read[dict[str, str]],
+    open_watch: OpenWatch[dict[str, str]],
+    backoff: Backoff,
+) -> AsyncGenerator[dict[str, str], None]:
+    """Yield the Node's labels after the first full read, then on every change."""
+    last: dict[str, str] | None = None
+    nothing: dict[str, str] = {}
+    items = follow(Watched("node", node), read, open_watch, backoff, nothing)
+    async with contextlib.aclosing(items):
+        async for labels, _trouble in items:
+            if labels != last:
+                last = labels
+                yield dict(labels)

@@ -3,7 +3,8 @@
 Requests are capped at MAX_REQUEST_BYTES, the kubelet's own limit on what it
 receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
 reaches the servicer. A server that stops without stop() being called (the gRPC
-server ended under us) is reported through wait_down().
+server ended under us) is reported through wait_down(). A socket file another live
+process serves (another device plugin) is never replaced: start() raises SocketTaken.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import stat
 
 import grpc
 import structlog
@@ -19,7 +22,7 @@ from gpuslice.adapters.kubelet.api import pb_grpc, unix_target
 from gpuslice.adapters.kubelet.registration import register
 from gpuslice.adapters.kubelet.servicer import DevicePluginServicer
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.ports import PluginHandler
+from gpuslice.core.ports import PluginHandler, SocketTaken
 from gpuslice.core.resources import socket_name as default_socket_name
 
 _log = structlog.get_logger()
@@ -57,10 +60,16 @@ class DevicePluginServer:
         return self._server is not None
 
     async def start(self) -> None:
-        """Remove a stale socket, bind ours and serve."""
+        """Remove a stale socket, bind ours and serve. Raises SocketTaken, leaving the
+        file alone, when another process serves that path now."""
         if self._server is not None:
             raise ServerError(f"device-plugin server for {self.resource_name} already started")
         self._down = asyncio.Event()
+        if _accepts_connections(self.socket_path):
+            raise SocketTaken(
+                f"another device plugin serves {self.resource_name} on {self.socket_path}; "
+                "gpuslice leaves it alone and serves once it is gone"
+            )
         try:
             _unlink(self.socket_path)
         except OSError as exc:
@@ -158,6 +167,26 @@ def _identity(path: str) -> _Identity | None:
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _accepts_connections(path: str) -> bool:
+    """True when a live process listens on the unix socket at `path` (a stale file
+    left by a process that died refuses the connection)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(mode):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+        except BlockingIOError:  # its backlog is full: it listens all the same
+            return True
+        except OSError:
+            return False
+    return True
 
 
 def _unlink(path: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,54 @@ from gpuslice.adapters.nvml.events import EventWatch
 from gpuslice.adapters.nvml.inventory import Inventory
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
+DRIVER_ROOT = "/driver-root"  # where the chart mounts nvidiaDriverRoot (upstream's default)
+# Where a driver installation keeps its libraries, relative to its root.
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+)
+
+_FIXES = (
+    "run the pod with runtimeClassName: nvidia, or mount the host's driver root at {root} "
+    "(the chart's nvidiaDriverRoot, NVIDIA_DRIVER_ROOT)"
+)
+
+
+def load_nvml(
+    driver_root: str | Path = DRIVER_ROOT, load: Callable[[str], Any] = ctypes.CDLL
+) -> Any:
+    """libnvidia-ml by name (the NVIDIA runtime puts it on the loader path), else from the
+    library directories of the host driver root mounted at `driver_root`. BackendError naming
+    both fixes when neither has it."""
+    try:
+        return load(NVML_LIBRARY)
+    except OSError:
+        pass
+    root = Path(driver_root)
+    failures = []
+    for libdir in LIBRARY_DIRS:
+        path = root / libdir / NVML_LIBRARY
+        if not path.exists():
+            continue
+        try:
+            return load(str(path))
+        except OSError as exc:
+            failures.append(f"{path}: {exc}")
+    if failures:
+        where = f"{NVML_LIBRARY} did not load from {root} ({'; '.join(failures)})"
+    elif root.is_dir():
+        where = f"{NVML_LIBRARY} is neither on the library path nor under {root}"
+    else:
+        where = f"{NVML_LIBRARY} is not on the library path and {root} is not mounted"
+    raise BackendError(f"NVML could not be loaded: {where}; {_FIXES.format(root=root)}")
 
 
 class NvmlBackend:
@@ -26,14 +76,27 @@ class NvmlBackend:
 
     @classmethod
     def open(
-        cls, *, lib: Any = None, sys_root: str | Path = "/sys", proc_root: str | Path = "/proc"
+        cls,
+        *,
+        lib: Any = None,
+        sys_root: str | Path = "/sys",
+        proc_root: str | Path = "/proc",
+        driver_root: str | Path = DRIVER_ROOT,
     ) -> NvmlBackend:
         """Initialise NVML and register for health events; BackendError when NVML
-        does not load. `lib` stands in for pynvml; the roots for /sys and /proc."""
+        does not load. `lib` stands in for pynvml; the roots for /sys and /proc, and
+        where the host's driver root is mounted in this container."""
         nv = pynvml if lib is None else lib
+        if lib is None:
+            _preload(driver_root)
         try:
             nv.nvmlInit()
         except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                raise BackendError(
+                    f"NVML could not be loaded ({NVML_LIBRARY}: {exc}); "
+                    f"{_FIXES.format(root=driver_root)}"
+                ) from None
             raise BackendError(
                 f"NVML did not initialise ({exc}): no NVIDIA driver or GPU is visible here"
             ) from None
@@ -88,3 +151,13 @@ class NvmlBackend:
         self._events.close()
         with contextlib.suppress(pynvml.NVMLError):  # already unusable: nothing to release
             self._nv.nvmlShutdown()
+
+
+def _preload(driver_root: str | Path) -> None:
+    """Hand pynvml the library found by load_nvml: pynvml itself loads only by name."""
+    if pynvml.nvmlLib is not None:
+        return
+    library = load_nvml(driver_root)
+    with pynvml.libLoadLock:
+        if pynvml.nvmlLib is None:
+            pynvml.nvmlLib = library

@@ -26,9 +26,10 @@ async def allocate_container(
     ep: PluginEndpoint | None, resource: str, count: int, taken: Collection[str]
 ) -> tuple[tuple[str, ...], ContainerAllocation]:
     """Choose `count` healthy devices not in `taken` and call Allocate for them."""
-    if ep is None or not ep.connected:
+    if ep is None:
         raise AdmissionError(resource, f"cannot allocate unregistered device {resource}")
-    healthy = sorted(d.id for d in ep.devices.values() if d.healthy)
+    # A disconnected plugin's devices were all marked Unhealthy, as the kubelet marks them.
+    healthy = sorted(d.id for d in ep.devices.values() if d.healthy and ep.connected)
     if not healthy:
         raise AdmissionError(
             resource, f"no healthy devices present; cannot allocate unhealthy devices {resource}"

@@ -73,6 +73,7 @@ class KubeletStandin:
         self.stale_streams: list[StaleStream] = []
         self.restarts = 0
         self._endpoints: dict[str, PluginEndpoint] = {}
+        self._superseded: list[PluginEndpoint] = []  # replaced, their streams still open
         self._state = checkpoint.Checkpoint()
         self._server: grpc.aio.Server | None = None
         self._cond = asyncio.Condition()
@@ -112,7 +113,8 @@ class KubeletStandin:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(None)
-        endpoints, self._endpoints = list(self._endpoints.values()), {}
+        endpoints = [*self._endpoints.values(), *self._superseded]
+        self._endpoints, self._superseded = {}, []
         for ep in endpoints:
             await ep.close()
         with contextlib.suppress(FileNotFoundError):
@@ -190,7 +192,8 @@ class KubeletStandin:
         return problem
 
     async def _replace(self, ep: PluginEndpoint) -> None:
-        """Make `ep` the resource's endpoint, closing the old one's stream first."""
+        """Make `ep` the resource's endpoint. An old one whose stream is still open
+        after the grace is left streaming, as the kubelet leaves it (see _on_end)."""
         old = self._endpoints.get(ep.resource)
         if old is not None:
             if old.stream_open:
@@ -198,7 +201,9 @@ class KubeletStandin:
                     await asyncio.wait_for(old.stream_ended.wait(), STREAM_END_GRACE_S)
             if old.stream_open:
                 self._stale(old, ep, "old stream still open when the resource registered again")
-            await old.close()
+                self._superseded.append(old)
+            else:
+                await old.close()
         self._endpoints[ep.resource] = ep
         if ep.resource not in self._state.resources:
             self._state.resources.add(ep.resource)
@@ -214,19 +219,23 @@ class KubeletStandin:
         await self._notify()
 
     async def _on_end(self, ep: PluginEndpoint) -> None:
-        """A plugin's ListAndWatch stream ended without the stand-in closing it."""
+        """A plugin's ListAndWatch stream ended without the stand-in closing it. As
+        the kubelet does, this disconnects the resource, whichever endpoint serves it
+        now: every device turns Unhealthy and the endpoint is dropped. So when an old
+        instance ends after a newer one registered, the newer one is dropped too, and
+        the next pod fails with "no healthy devices present"."""
         current = self._endpoints.get(ep.resource)
-        if current is ep:
-            # As the kubelet does: every device of the resource turns Unhealthy.
-            ep.devices = {i: DeviceState(i, False, d.numa_nodes) for i, d in ep.devices.items()}
-        elif current is not None:
-            # The real kubelet is harsher here: when any old stream of a resource
-            # ends, it marks every device of the resource Unhealthy and drops the
-            # endpoint even though a newer instance registered, and the next pod
-            # fails with "no healthy devices present". We keep the new endpoint
-            # healthy and record the event so tests can assert it never happens.
-            detail = f"old stream ended after a newer registration: {ep.end_reason}"
-            self._stale(ep, current, detail)
+        if ep in self._superseded:
+            self._superseded.remove(ep)
+            await ep.close()
+            if current is not None:
+                _log.warning(
+                    "standin_resource_dropped", resource=ep.resource, endpoint=current.endpoint
+                )
+                _mark_unhealthy(current)
+                await current.close()
+        elif current is ep:
+            _mark_unhealthy(ep)
         await self._notify()
 
     # admission
@@ -368,3 +377,7 @@ class KubeletStandin:
 
     def _save(self) -> None:
         checkpoint.save(self.checkpoint_path, self._state)
+
+
+def _mark_unhealthy(ep: PluginEndpoint) -> None:
+    ep.devices = {i: DeviceState(i, False, d.numa_nodes) for i, d in ep.devices.items()}

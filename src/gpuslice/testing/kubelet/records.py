@@ -39,8 +39,9 @@ class RegistrationRecord:
 class StaleStream:
     """An old ListAndWatch stream of a resource outlived a newer registration.
 
-    A real kubelet then marks every device of the resource Unhealthy once that
-    old stream ends; a well-behaved plugin never causes this.
+    Once that old stream ends, the kubelet (and the stand-in) marks every device
+    of the resource Unhealthy and drops the newer endpoint; a well-behaved plugin
+    never causes this.
     """
 
     at: float

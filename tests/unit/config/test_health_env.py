@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuslice.config.health_env import recovery_from_env
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.health_state import FATAL_XIDS, RecoveryPolicy
-from gpuslice.services.health_env import recovery_from_env
 
 
 def test_no_variables_give_the_defaults() -> None:

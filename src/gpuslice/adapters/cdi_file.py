@@ -1,0 +1,69 @@
+"""CDI spec files in the CDI spec directory (default /var/run/cdi), where CDI-aware
+runtimes (containerd, CRI-O) look up the device names the kubelet passes them.
+
+Each file is replaced atomically and only when its content changed; a file this
+process wrote and no longer wants is deleted. Files it never wrote are left alone
+(another device plugin's, or a spec from before a restart, which the next write of
+the same name replaces).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.core.errors import BackendError
+
+
+class CdiSpecDir:
+    """A CdiStore writing into `directory` (created when missing)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._written: set[str] = set()
+
+    async def sync(self, specs: Mapping[str, str]) -> tuple[str, ...]:
+        """Make the directory hold exactly `specs` (file name -> content) among the
+        files this store wrote. Returns the names written or deleted. Raises
+        BackendError (transient) when a file cannot be written or deleted."""
+        return await asyncio.to_thread(self._sync, dict(specs))
+
+    def _sync(self, specs: dict[str, str]) -> tuple[str, ...]:
+        changed = [name for name, text in specs.items() if self._current(name) != text]
+        for name in changed:
+            with self._failing("write", name):
+                replace_atomically(self.directory / name, specs[name])
+            self._written.add(name)
+        stale = sorted(self._written - specs.keys())
+        for name in stale:
+            with self._failing("remove", name):
+                (self.directory / name).unlink(missing_ok=True)
+            self._written.discard(name)
+        return (*changed, *stale)
+
+    def _current(self, name: str) -> str | None:
+        try:
+            return (self.directory / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    @contextlib.contextmanager
+    def _failing(self, verb: str, name: str) -> Iterator[None]:
+        """OSError -> a one-line BackendError naming the file."""
+        path = self.directory / name
+        try:
+            yield
+        except OSError as exc:
+            raise BackendError(
+                f"CDI spec {path}: cannot {verb}: {exc.strerror or exc}", transient=True
+            ) from None
+
+
+def present_nodes(patterns: Iterable[str]) -> tuple[str, ...]:
+    """The device nodes matching `patterns` (globs) that exist here, sorted per pattern."""
+    return tuple(path for pattern in patterns for path in sorted(glob.glob(pattern)))

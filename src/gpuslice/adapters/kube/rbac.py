@@ -1,0 +1,64 @@
+"""The Kubernetes RBAC rules the agent needs: the one definition of them.
+
+Each Rule is a PolicyRule (apiGroups, resources, verbs) with where it must be granted:
+cluster-wide (a ClusterRole and ClusterRoleBinding), in the agent's own namespace
+(NAMESPACE; a Role and RoleBinding there), or in namespace `default`, where the API server
+keeps Events about cluster-scoped objects such as Nodes. docs/rbac.md shows this table and
+a test checks that every API call the agent makes is covered by exactly these rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpuslice.adapters.kube import objects
+
+
+class Scope(StrEnum):
+    CLUSTER = "cluster"
+    NAMESPACE = "namespace"  # the agent's own namespace (NAMESPACE)
+    DEFAULT = "default"  # namespace default
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    scope: Scope
+    needed_for: str
+
+    def namespace(self, agent_namespace: str) -> str | None:
+        """Where the rule is granted for an agent in `agent_namespace`; None: cluster-wide."""
+        if self.scope is Scope.CLUSTER:
+            return None
+        return agent_namespace if self.scope is Scope.NAMESPACE else objects.NODE_EVENT_NAMESPACE
+
+    def policy_rule(self) -> dict[str, Any]:
+        """The rule as it appears in a ClusterRole or Role."""
+        return {
+            "apiGroups": list(self.api_groups),
+            "resources": list(self.resources),
+            "verbs": list(self.verbs),
+        }
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("",), ("nodes",), ("get", "watch"), Scope.CLUSTER,
+         "read and follow the node's labels (per-node configs); the Node's uid for its Events"),
+    Rule(("",), ("events",), ("create",), Scope.DEFAULT,
+         "Events on the Node (a rejected config: ConfigRejected)"),
+    Rule((objects.NFD_GROUP,), (objects.NODE_FEATURE_PLURAL,), ("get", "create", "update"),
+         Scope.NAMESPACE, "publish the node labels as a NodeFeature (labels on, NodeFeature API)"),
+    Rule(("",), ("pods",), ("get",), Scope.NAMESPACE,
+         "owner references of the NodeFeature (POD_NAME set)"),
+    Rule(("",), ("configmaps",), ("get", "watch"), Scope.NAMESPACE,
+         "read and follow the ConfigMap of per-node configs (only with CONFIG_MAP)"),
+)  # fmt: skip
+
+
+def rules_in(scope: Scope) -> list[dict[str, Any]]:
+    """The PolicyRules of one ClusterRole (CLUSTER) or Role (the others)."""
+    return [rule.policy_rule() for rule in RULES if rule.scope is scope]

@@ -1,0 +1,81 @@
+"""The real PluginEndpoint: a device-plugin server, its registration with the
+kubelet, and which kubelet.sock that registration went to.
+
+A kubelet restart creates kubelet.sock again; the file's stamp (device, inode,
+ctime) tells a registration with the kubelet serving now from one with a kubelet
+since gone. The server's own crash watch (down / wait_down) is passed through.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuslice.adapters.kubelet.registration import RegistrationError
+from gpuslice.adapters.kubelet.server import DevicePluginServer
+from gpuslice.core.ports import PluginHandler
+
+_Stamp = tuple[int, int, int]
+
+
+def stamp(path: str) -> _Stamp | None:
+    """Which file is at `path` now: a re-created file gets a new stamp."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class KubeletEndpoint:
+    """Serves one resource on <plugin_dir>/<socket> and registers it at `kubelet_socket`
+    ("" = serve without registering)."""
+
+    def __init__(self, server: DevicePluginServer, kubelet_socket: str) -> None:
+        self.server = server
+        self._kubelet_socket = kubelet_socket
+        self._kubelet: _Stamp | None = None  # kubelet.sock our registration went to
+
+    @classmethod
+    def create(
+        cls, handler: PluginHandler, plugin_dir: str, kubelet_socket: str
+    ) -> KubeletEndpoint:
+        """The endpoint of a new server for `handler` in `plugin_dir`."""
+        return cls(DevicePluginServer(handler, plugin_dir), kubelet_socket)
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def register(self) -> None:
+        if not self._kubelet_socket:
+            return
+        self._kubelet = None
+        kubelet = stamp(self._kubelet_socket)
+        if kubelet is None:
+            # Fail at once rather than block: kubelet.sock appearing is watched for.
+            raise RegistrationError(
+                self.server.resource_name, self._kubelet_socket, "UNAVAILABLE", "no kubelet yet"
+            )
+        self._kubelet = kubelet  # where this call goes, answered or not
+        try:
+            await self.server.register(self._kubelet_socket)
+        except BaseException:
+            self._kubelet = None
+            raise
+
+    def socket_present(self) -> bool:
+        return self.server.socket_present()
+
+    def current(self) -> bool:
+        if not self.server.socket_present():
+            return False
+        return not self._kubelet_socket or self._kubelet == stamp(self._kubelet_socket)
+
+    def down(self) -> str | None:
+        return self.server.down()
+
+    async def wait_down(self) -> str:
+        return await self.server.wait_down()
+
+    async def stop(self) -> None:
+        self._kubelet = None
+        await self.server.stop()

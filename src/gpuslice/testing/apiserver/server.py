@@ -1,0 +1,388 @@
+"""FakeApiServer: the part of the Kubernetes REST API the agent uses, over real HTTP/1.1
+on 127.0.0.1 (one request per connection), with the answers a real API server gives.
+
+- GET /api/v1/nodes/<name>; GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=<n>
+  (replays history after resourceVersion, then streams chunked JSON lines; BOOKMARK
+  events only when allowWatchBookmarks=true; HTTP 410 for a version older than
+  `expired_below`; watches.py);
+- GET of configmaps in a namespace, by name and as the same watch as nodes;
+- GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
+  resourceVersion and answers 409 on a mismatch); 404 for every such path while
+  `nfd_installed` is False, as when NFD's CRD is missing;
+- GET of pods; POST of events (generateName honoured; an Event about a cluster-scoped
+  object outside namespace default is refused with 422, as validation does);
+- with `grants` set, every request that no grant covers is refused with 403 Forbidden.
+
+The test side plays the cluster (put_node, delete_node, put_config_map,
+delete_config_map, put_pod, bookmark), breaks
+watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
+end_watches: a clean end, as on the server's timeout), injects failures (fail_next) and
+inspects every request it received, with the status code it was answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from gpuslice.testing.apiserver.access import Grant, access_of, allowed, forbidden
+from gpuslice.testing.apiserver.status import (
+    REASONS,
+    invalid,
+    no_such_resource,
+    not_found,
+    status,
+)
+from gpuslice.testing.apiserver.watches import DROP, END, Watches
+
+NODES = "/api/v1/nodes"
+NAMESPACES = "/api/v1/namespaces/"
+NFD = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
+WAIT_S = 5.0  # every awaited condition here is met in milliseconds when things work
+USER = "system:serviceaccount:gpu-operator:gpuslice"
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: Any = None
+    code: int | None = None  # the status it was answered with
+
+    @property
+    def is_watch(self) -> bool:
+        return self.query.get("watch") == "true" and _collection(self.path) is not None
+
+
+class FakeApiServer:
+    """Nodes, ConfigMaps, NodeFeatures, Pods and Events in dictionaries; `grants` None
+    allows all."""
+
+    def __init__(self, grants: Iterable[Grant] | None = None, user: str = USER) -> None:
+        self.version = 100
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.watch_state = Watches()
+        self.features: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[Request] = []
+        self.expired_below = 0
+        self.nfd_installed = True
+        self.grants: list[Grant] | None = None if grants is None else list(grants)
+        self.user = user
+        self._failures: list[tuple[str, str, int]] = []
+        self._arrived = asyncio.Condition()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._uids = itertools.count(1)
+        self._names = itertools.count(1)
+        self.url = ""
+
+    async def start(self, port: int = 0) -> str:
+        """Listen (again, after close(): on the same `port` it had, as after an outage)."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def close(self) -> None:
+        """Stop listening and cut every connection (clients then find nothing there)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._handlers):
+            task.cancel()
+        for task in list(self._handlers):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> FakeApiServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # the cluster side
+
+    def _bump(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    def put_node(
+        self,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        *,
+        notify: bool = True,
+    ) -> str:
+        """Create or update a Node; notify=False hides the change from open watches
+        (as if the events were lost), so only a re-read can see it."""
+        old = self.nodes.get(name)
+        version = self._bump()
+        meta: dict[str, Any] = {
+            "name": name,
+            "uid": old["metadata"]["uid"] if old else f"uid-{name}-{next(self._uids)}",
+            "resourceVersion": version,
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        }
+        obj = {"kind": "Node", "apiVersion": "v1", "metadata": meta, "spec": {}, "status": {}}
+        self.nodes[name] = obj
+        kind = "MODIFIED" if old else "ADDED"
+        self.watch_state.record(self.version, NODES, kind, obj, notify)
+        return version
+
+    def delete_node(self, name: str) -> None:
+        obj = self.nodes.pop(name)
+        self._deleted(NODES, obj)
+
+    def put_config_map(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+        *,
+        notify: bool = True,
+    ) -> str:
+        """Create or replace a ConfigMap (what `kubectl apply` or `edit` leaves);
+        notify=False as for put_node."""
+        old = self.config_maps.get((namespace, name))
+        version = self._bump()
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "uid": old["metadata"]["uid"] if old else f"uid-{name}-{next(self._uids)}",
+            "resourceVersion": version,
+            "annotations": dict(annotations or {}),
+        }
+        obj = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": meta, "data": dict(data)}
+        self.config_maps[(namespace, name)] = obj
+        kind = "MODIFIED" if old else "ADDED"
+        self.watch_state.record(self.version, _config_maps(namespace), kind, obj, notify)
+        return version
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        obj = self.config_maps.pop((namespace, name))
+        self._deleted(_config_maps(namespace), obj)
+
+    def _deleted(self, collection: str, obj: dict[str, Any]) -> None:
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": self._bump()}}
+        self.watch_state.record(self.version, collection, "DELETED", obj)
+
+    def put_pod(
+        self, namespace: str, name: str, owners: Iterable[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
+        """Create a Pod with these metadata.ownerReferences; returns it."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace,
+                                "uid": f"uid-{name}-{next(self._uids)}",
+                                "resourceVersion": self._bump()}  # fmt: skip
+        if owners:
+            meta["ownerReferences"] = [dict(owner) for owner in owners]
+        spec = {"containers": [{"name": "agent", "image": "gpuslice"}]}
+        pod = {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec, "status": {}}
+        self.pods[(namespace, name)] = pod
+        return pod
+
+    def bookmark(self) -> str:
+        """Send a BOOKMARK at a new version to every watch that asked for bookmarks."""
+        version = self._bump()
+        self.watch_state.bookmark(version)
+        return version
+
+    def expire_watches(self) -> None:
+        """ERROR 410 on every open watch, then a clean end (what an API server does)."""
+        self.watch_state.expire()
+
+    def drop_watches(self) -> None:
+        self.watch_state.cut(DROP)
+
+    def end_watches(self) -> None:
+        self.watch_state.cut(END)
+
+    def fail_next(self, method: str, path_part: str, code: int) -> None:
+        """Answer the next `method` request whose path contains `path_part` with `code`."""
+        self._failures.append((method, path_part, code))
+
+    # inspection
+
+    def of(self, method: str, path_part: str = "") -> list[Request]:
+        return [r for r in self.requests if r.method == method and path_part in r.path]
+
+    def watches(self, path_part: str = NODES) -> list[Request]:
+        """The watch requests whose path contains `path_part` (by default: of Nodes)."""
+        return [r for r in self.requests if r.is_watch and path_part in r.path]
+
+    def answered(self, code: int) -> list[Request]:
+        """The requests answered with `code`."""
+        return [r for r in self.requests if r.code == code]
+
+    def open_watches(self, path_part: str = NODES) -> int:
+        """The watches open now whose collection contains `path_part` (default: Nodes)."""
+        return sum(path_part in s.collection for s in self.watch_state.streams)
+
+    async def wait_for(self, predicate: Callable[[FakeApiServer], bool]) -> None:
+        """Wait until predicate(self) holds; checked after every request and stream change."""
+        async with asyncio.timeout(WAIT_S), self._arrived:
+            await self._arrived.wait_for(lambda: predicate(self))
+
+    async def _changed(self) -> None:
+        async with self._arrived:
+            self._arrived.notify_all()
+
+    # HTTP
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._serve_one(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:  # close(): this connection's task ends quietly
+            pass
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, target, _ = head[0].split(" ", 2)
+        headers = {
+            k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in head[1:] if h)
+        }
+        raw = await reader.readexactly(int(headers.get("content-length", "0")))
+        url = urlsplit(target)
+        req = Request(method, url.path, dict(parse_qsl(url.query)), headers,
+                      json.loads(raw) if raw else None)  # fmt: skip
+        self.requests.append(req)
+        await self._changed()
+        refused = self._refusal(req)
+        if refused is None:
+            for failure in self._failures:
+                if failure[0] == method and failure[1] in url.path:
+                    self._failures.remove(failure)
+                    refused = failure[2], status(failure[2], "Injected", "injected")
+                    break
+        if refused is None and req.is_watch:
+            return await self._watch(req, writer)
+        code, body = refused or self._route(req)
+        await self._reply(writer, req, code, body)
+
+    def _refusal(self, req: Request) -> tuple[int, Any] | None:
+        """403 when grants are enforced and none covers the request."""
+        access = access_of(req.method, req.path, req.query)
+        if self.grants is None or access is None or allowed(self.grants, access):
+            return None
+        return 403, forbidden(access, self.user)
+
+    async def _reply(
+        self, writer: asyncio.StreamWriter, req: Request, code: int, body: Any
+    ) -> None:
+        req.code = code
+        data = json.dumps(body).encode()
+        writer.write(
+            f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            + data
+        )
+        await writer.drain()
+        await self._changed()
+
+    def _route(self, req: Request) -> tuple[int, Any]:
+        parts = req.path.strip("/").split("/")
+        if req.path.startswith(NODES + "/") and req.method == "GET":
+            node = self.nodes.get(parts[3])
+            return (200, node) if node else (404, not_found("nodes", parts[3]))
+        if len(parts) == 6 and parts[4] == "configmaps" and req.method == "GET":
+            found = self.config_maps.get((parts[3], parts[5]))
+            return (200, found) if found else (404, not_found("configmaps", parts[5]))
+        if req.path.startswith(NFD) and len(parts) > 5 and parts[5] == "nodefeatures":
+            if not self.nfd_installed:
+                return 404, no_such_resource()
+            return self._node_feature(req, parts[4], parts[6] if len(parts) > 6 else None)
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) > 4:
+            if parts[4] == "pods" and req.method == "GET" and len(parts) == 6:
+                pod = self.pods.get((parts[3], parts[5]))
+                return (200, pod) if pod else (404, not_found("pods", parts[5]))
+            if parts[4] == "events" and req.method == "POST":
+                return self._event(parts[3], req.body)
+        return 404, no_such_resource()
+
+    def _event(self, namespace: str, event: dict[str, Any]) -> tuple[int, Any]:
+        meta = event["metadata"]
+        meta.setdefault("name", f"{meta.get('generateName', '')}{next(self._names):05x}")
+        meta["namespace"] = namespace
+        involved = event.get("involvedObject") or {}
+        theirs = involved.get("namespace") or ""
+        # An Event lives beside its object; one about a cluster-scoped object (theirs "")
+        # may only be in "default", as the API server's validation has it.
+        if namespace != (theirs or "default"):
+            return 422, invalid("Event", meta["name"], "involvedObject.namespace", theirs,
+                                "does not match event.namespace")  # fmt: skip
+        meta["resourceVersion"] = self._bump()
+        self.events.append(event)
+        return 201, event
+
+    def _node_feature(self, req: Request, ns: str, name: str | None) -> tuple[int, Any]:
+        qualified = "nodefeatures.nfd.k8s-sigs.io"
+        if req.method == "GET":
+            obj = self.features.get((ns, name or ""))
+            return (200, obj) if obj else (404, not_found(qualified, name or ""))
+        body = req.body
+        key = (ns, body["metadata"]["name"])
+        stored = self.features.get(key)
+        if req.method == "POST" and stored is not None:
+            message = f'{qualified} "{key[1]}" already exists'
+            return 409, status(409, "AlreadyExists", message)
+        if req.method == "PUT" and (
+            stored is None
+            or body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]
+        ):
+            message = (
+                f'Operation cannot be fulfilled on {qualified} "{key[1]}": the object has been '
+                "modified; please apply your changes to the latest version and try again"
+            )
+            return 409, status(409, "Conflict", message)
+        body["metadata"]["resourceVersion"] = self._bump()
+        self.features[key] = body
+        return (201 if req.method == "POST" else 200), body
+
+    async def _watch(self, req: Request, writer: asyncio.StreamWriter) -> None:
+        collection = _collection(req.path)
+        assert collection is not None
+        since = req.query.get("resourceVersion")
+        if since and int(since) < self.expired_below:
+            gone = status(410, "Expired", "too old resource version")
+            return await self._reply(writer, req, 410, gone)
+        stream = self.watch_state.open(collection, req.query, self._current)
+        req.code = 200
+        await self.watch_state.serve(stream, writer, self._changed)
+
+    def _current(self, collection: str, name: str) -> dict[str, Any] | None:
+        if collection == NODES:
+            return self.nodes.get(name)
+        return self.config_maps.get((collection.split("/")[4], name))
+
+
+def _config_maps(namespace: str) -> str:
+    return f"{NAMESPACES}{namespace}/configmaps"
+
+
+def _collection(path: str) -> str | None:
+    """The watchable collection `path` is (Nodes, a namespace's ConfigMaps), or None."""
+    parts = path.strip("/").split("/")
+    configmaps = len(parts) == 5 and path.startswith(NAMESPACES) and parts[4] == "configmaps"
+    return path if path == NODES or configmaps else None

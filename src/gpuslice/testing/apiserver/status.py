@@ -1,0 +1,52 @@
+"""metav1.Status bodies, as the API server writes them for a failed request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REASONS = {
+    200: "OK",
+    201: "Created",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    410: "Gone",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def status(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "message": message, "reason": reason}  # fmt: skip
+    if details is not None:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+def not_found(qualified: str, name: str) -> dict[str, Any]:
+    """A named object that does not exist: `nodes "n9" not found`."""
+    kind = qualified.split(".")[0]
+    return status(404, "NotFound", f'{qualified} "{name}" not found', {"name": name, "kind": kind})
+
+
+def no_such_resource() -> dict[str, Any]:
+    """A path the server does not serve, such as a custom resource whose CRD is not installed."""
+    return status(404, "NotFound", "the server could not find the requested resource", {})
+
+
+def invalid(kind: str, name: str, field: str, value: str, problem: str) -> dict[str, Any]:
+    """422 for one invalid field, as validation reports it."""
+    detail = f'Invalid value: "{value}": {problem}'
+    cause = {"reason": "FieldValueInvalid", "message": detail, "field": field}
+    return status(
+        422,
+        "Invalid",
+        f'{kind} "{name}" is invalid: {field}: {detail}',
+        {"name": name, "kind": kind, "causes": [cause]},
+    )

@@ -1,0 +1,114 @@
+"""The watches of the API server stand-in: the history of changes and the open streams.
+
+Every object lives in a collection (its list path: /api/v1/nodes,
+/api/v1/namespaces/<ns>/configmaps); a watch follows one object of one collection,
+named by fieldSelector metadata.name, as the agent asks. A watch from a resourceVersion
+replays the history after it; one without starts with the object as ADDED. Each event is
+one JSON line of a chunked response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice.testing.apiserver.status import status
+
+END = "end"  # a clean end of the response, as on the server's timeout
+DROP = "drop"  # the connection dies mid-stream
+
+
+@dataclass
+class Stream:
+    collection: str
+    name: str
+    bookmarks: bool
+    queue: asyncio.Queue[bytes | str] = field(default_factory=asyncio.Queue)
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.queue.put_nowait(json.dumps(event).encode() + b"\n")
+
+
+@dataclass
+class Watches:
+    history: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    streams: list[Stream] = field(default_factory=list)
+
+    def record(
+        self, version: int, collection: str, kind: str, obj: dict[str, Any], notify: bool = True
+    ) -> None:
+        """A change at `version`; notify=False keeps it from open watches (events lost)."""
+        self.history.append((version, collection, kind, obj))
+        if notify:
+            for stream in self.streams:
+                if (stream.collection, stream.name) == (collection, obj["metadata"]["name"]):
+                    stream.send({"type": kind, "object": obj})
+
+    def bookmark(self, version: str) -> None:
+        event = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": version}}}
+        for stream in self.streams:
+            if stream.bookmarks:
+                stream.send(event)
+
+    def expire(self) -> None:
+        """ERROR 410 on every open watch, then a clean end (what an API server does)."""
+        event = {"type": "ERROR", "object": status(410, "Expired", "too old resource version")}
+        for stream in self.streams:
+            stream.send(event)
+            stream.queue.put_nowait(END)
+
+    def cut(self, how: str) -> None:
+        for stream in self.streams:
+            stream.queue.put_nowait(how)
+
+    def open(
+        self,
+        collection: str,
+        query: dict[str, str],
+        current: Callable[[str, str], dict[str, Any] | None],
+    ) -> Stream:
+        """A new stream with what it starts with: the replay after its resourceVersion,
+        or else the object now (current(collection, name)) as ADDED."""
+        selector = query.get("fieldSelector", "")
+        assert selector.startswith("metadata.name="), selector
+        name = selector.removeprefix("metadata.name=")
+        stream = Stream(collection, name, query.get("allowWatchBookmarks") == "true")
+        since = query.get("resourceVersion")
+        if since:
+            for version, where, kind, obj in self.history:
+                if version > int(since) and (where, obj["metadata"]["name"]) == (collection, name):
+                    stream.send({"type": kind, "object": obj})
+        elif (now := current(collection, name)) is not None:
+            stream.send({"type": "ADDED", "object": now})
+        return stream
+
+    async def serve(
+        self, stream: Stream, writer: asyncio.StreamWriter, changed: Callable[[], Any]
+    ) -> None:
+        """Answer 200 and stream until END or DROP; `changed` is awaited as it opens and ends."""
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        self.streams.append(stream)
+        await changed()
+        try:
+            while True:
+                item = await stream.queue.get()
+                if item == DROP:
+                    writer.transport.abort()
+                    return
+                if item == END:
+                    writer.write(b"0\r\n\r\n")
+                    await writer.drain()
+                    return
+                assert isinstance(item, bytes)
+                writer.write(f"{len(item):x}\r\n".encode() + item + b"\r\n")
+                await writer.drain()
+        finally:
+            self.streams.remove(stream)
+            await changed()

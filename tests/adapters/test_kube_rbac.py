@@ -1,0 +1,151 @@
+"""The RBAC rules of gpuslice.adapters.kube.rbac are exactly what the agent needs: every
+API call KubeNodeApi makes (node read and watch, the ConfigMap's read and watch, Node
+Events, NodeFeature create and update with POD_NAME set and the owner lookup) succeeds
+against the API server stand-in enforcing just these rules, and taking away any single
+verb of any rule makes a call fail with 403."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import yaml
+from kube_fakes import FAST_BACKOFF, FakeApiServer, Follower, Following, fake_client, grants
+
+from gpuslice.adapters.kube import KubeNodeApi
+from gpuslice.adapters.kube.rbac import RULES, Rule, Scope, rules_in
+from gpuslice.core.errors import BackendError
+from gpuslice.testing.apiserver import access_of
+
+NS = "gpu-operator"
+POD = "gpuslice-x7k2p"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rbac.md"
+
+
+async def agent_calls(server: FakeApiServer, tmp_path: Path) -> None:
+    """Every call the agent makes, each allowed to fail (the server records the answers)."""
+    server.put_node("n1", {"nvidia.com/device-plugin.config": "ts-8"})
+    server.put_config_map(NS, "gpuslice-configs", {"ts-8": "version: v1\n"})
+    server.put_pod(NS, POD, [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                              "name": "gpuslice", "uid": "ds-1", "controller": True}])  # fmt: skip
+    client = fake_client(server.url, tmp_path)
+    api = KubeNodeApi(client, pod_name=POD, backoff_s=FAST_BACKOFF)
+    try:
+        with contextlib.suppress(BackendError):
+            await api.node_labels("n1")
+        follower = Follower(api.watch_node_labels("n1"))
+        try:
+            await follower.next()
+        except BackendError:
+            pass
+        else:
+            await server.wait_for(lambda s: any(r.code for r in s.watches()))
+        await follower.close()
+        configs = Following(api.watch_config_map(NS, "gpuslice-configs"))
+        try:
+            await configs.next()
+        except BackendError:
+            pass
+        else:
+            await server.wait_for(lambda s: any(r.code for r in s.watches("configmaps")))
+        await configs.close()
+        await api.record_event("n1", "ConfigRejected", "config rejected", warning=True)
+        for replicas in ("4", "8"):  # create, then update
+            with contextlib.suppress(BackendError):
+                await api.publish_node_feature("n1", NS, {"nvidia.com/gpu.replicas": replicas})
+    finally:
+        await client.close()
+
+
+def without(rule: Rule, verb: str) -> list[Rule]:
+    """RULES with one verb taken from one rule."""
+    rest = tuple(v for v in rule.verbs if v != verb)
+    changed = [Rule(rule.api_groups, rule.resources, rest, rule.scope, rule.needed_for)]
+    return [r for r in RULES if r is not rule] + (changed if rest else [])
+
+
+async def test_the_rules_cover_every_call_the_agent_makes(tmp_path: Path) -> None:
+    async with FakeApiServer(grants(NS)) as server:
+        await agent_calls(server, tmp_path)
+    assert server.answered(403) == []
+    calls = {(r.method, r.code) for r in server.requests}
+    assert calls >= {("GET", 200), ("POST", 201), ("PUT", 200)}
+    assert len(server.events) == 1
+    (feature,) = server.features.values()
+    assert [o["kind"] for o in feature["metadata"]["ownerReferences"]] == ["DaemonSet", "Pod"]
+    assert feature["spec"]["labels"] == {"nvidia.com/gpu.replicas": "8"}
+
+
+@pytest.mark.parametrize(
+    ("rule", "verb"),
+    [(rule, verb) for rule in RULES for verb in rule.verbs],
+    ids=[f"{'/'.join(rule.resources)}-{verb}" for rule in RULES for verb in rule.verbs],
+)
+async def test_without_any_one_verb_some_call_is_forbidden(
+    tmp_path: Path, rule: Rule, verb: str
+) -> None:
+    async with FakeApiServer(grants(NS, without(rule, verb))) as server:
+        await agent_calls(server, tmp_path)
+    refused = server.answered(403)
+    assert refused, f"nothing needed {verb} on {rule.resources}"
+    for request in refused:
+        access = access_of(request.method, request.path, request.query)
+        assert access is not None
+        assert (access.verb, access.resource) == (verb, rule.resources[0])
+
+
+async def test_the_rules_granted_in_another_namespace_are_not_enough(tmp_path: Path) -> None:
+    """The namespace scope is real: the NodeFeature, Pod and ConfigMap rules must be in
+    NAMESPACE."""
+    async with FakeApiServer(grants("kube-system")) as server:
+        await agent_calls(server, tmp_path)
+    refused = [access_of(r.method, r.path, r.query) for r in server.answered(403)]
+    assert refused
+    assert {(a.namespace, a.resource) for a in refused if a} == {
+        (NS, "nodefeatures"),
+        (NS, "configmaps"),
+    }
+    assert server.events  # the cluster-wide and default-namespace rules still hold
+
+
+def test_each_scope_renders_the_policy_rules_of_one_role() -> None:
+    assert rules_in(Scope.CLUSTER) == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]}
+    ]
+    assert rules_in(Scope.DEFAULT) == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    ]
+    assert [r["resources"] for r in rules_in(Scope.NAMESPACE)] == [
+        ["nodefeatures"],
+        ["pods"],
+        ["configmaps"],
+    ]
+
+
+def doc_row(rule: Rule) -> str:
+    groups = ", ".join(f"`{g}`" if g else "core" for g in rule.api_groups)
+    resources = ", ".join(f"`{r}`" for r in rule.resources)
+    return (
+        f"| {groups} | {resources} | {', '.join(rule.verbs)} | {rule.scope} | {rule.needed_for} |"
+    )
+
+
+def test_the_docs_show_exactly_these_rules() -> None:
+    """docs/rbac.md's table is RULES, row for row."""
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[1:] == [doc_row(rule) for rule in RULES]
+
+
+def test_the_docs_example_roles_hold_exactly_these_rules() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    roles = {
+        (d["kind"], d["metadata"].get("namespace")): d["rules"] for d in yaml.safe_load_all(block)
+    }
+    assert roles == {
+        ("ClusterRole", None): rules_in(Scope.CLUSTER),
+        ("Role", NS): rules_in(Scope.NAMESPACE),
+        ("Role", "default"): rules_in(Scope.DEFAULT),
+    }

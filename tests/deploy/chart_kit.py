@@ -1,0 +1,153 @@
+"""Shared by the chart tests: the generator tool, the values matrix rendered once per set by
+Helm's engine, and Kubernetes schema validators built once per version and kind."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import referencing
+from kubernetes_validate.utils import all_versions
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "gen_chart.py"
+CHART = ROOT / "deploy" / "helm" / "gpuslice"
+MANIFESTS = ROOT / "deploy" / "manifests" / "gpuslice.yaml"
+OLDEST_KUBE = Version("1.30")
+_API_VERSION = re.compile(r"^([^./]*)(?:\.[^/]*)?/")
+RELEASE = "gpu"
+NAMESPACE = "gpu-system"
+CONFIGS = {
+    "default": "version: v1\n",
+    "t4-ts-4": (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n"
+    ),
+}
+
+# Each set of non-default values is rendered, linted and validated.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "config-map": {"config": {"map": CONFIGS, "default": "t4-ts-4"}},
+    "config-name": {"config": {"name": "my-configs", "fallbackStrategies": ["named", "empty"]}},
+    "simulate": {"simulate": "t4x4", "affinity": None, "nodeSelector": {"gpuslice/sim": "yes"}},
+    "runtime-class": {"runtimeClassName": "nvidia"},
+    "driver-root": {"nvidiaDriverRoot": "/run/nvidia/driver"},
+    "cdi-cri": {"deviceListStrategy": ["cdi-cri", "envvar"], "deviceIDStrategy": "index"},
+    "mig-mixed": {"migStrategy": "mixed", "failOnInitError": False},
+    "scheduling": {
+        "tolerations": [{"key": "gpu", "operator": "Equal", "value": "on", "effect": "NoExecute"}],
+        "nodeSelector": {"pool": "gpu"},
+        "affinity": None,
+        "priorityClassName": "system-cluster-critical",
+    },
+    "on-delete": {"updateStrategy": {"type": "OnDelete"}},
+    "rolling-2": {
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}
+    },
+    "pull-secrets": {
+        "image": {
+            "repository": "registry.example/gpuslice",
+            "tag": "1.2.3",
+            "pullPolicy": "Always",
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
+        "podAnnotations": {"example.com/team": "ml"},
+    },
+    "labels-file": {"labels": {"output": "file", "featuresDir": "/etc/nfd/features.d"}},
+    "labels-off": {"labels": {"output": "off"}, "log": {"level": "debug", "format": "json"}},
+    "names": {"fullnameOverride": "gpu-agent", "statusPort": 9400, "resources": None},
+}
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_chart", TOOL)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def tool() -> ModuleType:
+    return load_tool()
+
+
+@cache
+def rendered(name: str) -> tuple[dict[str, Any], ...]:
+    """The objects the chart renders for one value set (each set is rendered once)."""
+    gen = tool()
+    out = gen.render(CHART, VALUE_SETS[name], release=RELEASE, namespace=NAMESPACE)
+    return tuple(gen.objects(out))
+
+
+def the(objects: tuple[dict[str, Any], ...], kind: str, namespace: str | None = None) -> Any:
+    found = [
+        o
+        for o in objects
+        if o["kind"] == kind and (namespace is None or o["metadata"].get("namespace") == namespace)
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} objects"
+    return found[0]
+
+
+def container(objects: tuple[dict[str, Any], ...]) -> Any:
+    pod = the(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert len(pod["containers"]) == 1
+    return pod["containers"][0]
+
+
+def env(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """The container's env: literal values as text, downward-API ones as their fieldRef."""
+    out: dict[str, Any] = {}
+    for var in container(objects)["env"]:
+        assert var["name"] not in out, f"{var['name']} set twice"
+        out[var["name"]] = var.get("value", var.get("valueFrom"))
+    return out
+
+
+def kube_versions() -> list[str]:
+    """Every Kubernetes minor version kubernetes-validate knows, from OLDEST_KUBE on."""
+    found = {Version(v) for v in all_versions()}
+    return [f"{v.major}.{v.minor}" for v in sorted(found) if v >= OLDEST_KUBE]
+
+
+@cache
+def _definitions(version: str) -> referencing.Resource[Any]:
+    folder = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    text = (folder / f"v{version}.0-local-strict" / "_definitions.json").read_text()
+    return referencing.Resource.from_contents(json.loads(text))
+
+
+@cache
+def validator(version: str, api_version: str, kind: str) -> jsonschema.Draft202012Validator:
+    """The strict schema of one kind at one Kubernetes version, as kubernetes-validate
+    builds it, compiled once."""
+    # kubernetes-validate's file naming: rbac.authorization.k8s.io/v1 -> rbac-v1
+    name = kind.lower() + "-" + _API_VERSION.sub(r"\1-", api_version)
+    folder = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    schema = json.loads((folder / f"v{version}.0-local-strict" / f"{name}.json").read_text())
+    registry: referencing.Registry[Any] = (
+        referencing.Resource.from_contents(schema) @ referencing.Registry()
+    )
+    registry = _definitions(version) @ registry
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def schema_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """One line per place where `obj` breaks its kind's schema at `version`."""
+    check = validator(version, obj["apiVersion"], obj["kind"])
+    where = f"{obj['kind']}/{obj['metadata']['name']} on {version}"
+    return [
+        f"{where}: {'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
+        for e in check.iter_errors(obj)
+    ]
