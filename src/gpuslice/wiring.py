@@ -137,7 +137,7 @@ def open_backend(opts: RunOptions) -> GpuBackend:
         return FakeBackend.from_spec(opts.fake_hardware, opts.fake_events)
     from gpuslice.adapters.nvml import NvmlBackend
 
-    return NvmlBackend.open()
+    return NvmlBackend.open(driver_root=opts.get("driver-root-ctr-path") or "/driver-root")
 
 
 def _watch(path: str, names: Collection[str] | None) -> DirEvents:

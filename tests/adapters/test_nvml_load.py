@@ -107,3 +107,17 @@ def test_an_nvml_that_reports_its_library_missing_gets_the_same_advice() -> None
             lib=FakeNvml(load_spec("t4"), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
         )
     _assert_names_both_fixes(str(caught.value))
+
+
+@pytest.mark.skipif(_nvml_loads_here(), reason="NVML loads here: the error cannot be provoked")
+def test_the_agent_looks_for_nvml_where_driver_root_ctr_path_says(tmp_path: Path) -> None:
+    """`gpuslice run` passes --driver-root-ctr-path (DRIVER_ROOT_CTR_PATH) to the NVML loader:
+    the error names that mount point, not the default one."""
+    from gpuslice.wiring import RunOptions, open_backend
+
+    root = tmp_path / "host-driver"
+    root.mkdir()
+    with pytest.raises(BackendError) as err:
+        open_backend(RunOptions(env={"DRIVER_ROOT_CTR_PATH": str(root)}))
+    assert str(root) in str(err.value)
+    assert "/driver-root " not in str(err.value)

@@ -25,6 +25,7 @@ from agent_harness import GPU, STOP_TIMEOUT_S, registrations, serving
 from node_harness import CONFIGS, NAMESPACE, NODE, REJECTED, WITHIN_S, time_slicing
 
 from gpuslice.adapters.kube.rbac import RULES, Rule
+from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.config_source import DEFAULT_ANNOTATION
 from gpuslice.services.node import Node
@@ -292,3 +293,29 @@ async def test_an_expired_watch_resumes_and_applies_the_edit_it_missed(
     await cluster.server.wait_for(lambda s: len(s.watches("configmaps")) > watches)
     assert "source" not in cluster.config()
     assert cluster.rejections() == []
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({}, "per-node configs need this node's name"),
+        (
+            {"node-name": NODE},
+            "the ConfigMap is read through the Kubernetes API, and there is none",
+        ),
+        (
+            {"node-name": NODE, "config-file-srcdir": "/tmp"},
+            "give one source of per-node configs, not both",
+        ),
+    ],
+    ids=["no-node-name", "no-cluster", "with-a-directory"],
+)
+def test_configmap_mode_refuses_to_start_without_what_it_needs(
+    values: dict[str, str], problem: str
+) -> None:
+    """One-line errors before anything is served."""
+    opts = RunOptions(cli_values={"config-map": CM, **values}, fake_hardware="t4")
+    with pytest.raises(ConfigError, match=problem) as caught:
+        node_deps(opts, node_api(opts))
+    assert str(caught.value).startswith("--config-map (CONFIG_MAP) ")
+    assert "\n" not in str(caught.value)

@@ -123,7 +123,7 @@ class ConfigMapEntries:
             if first is None:
                 raise GpusliceError(f"the watch of {self.where} ended before a first read")
             self._view = first
-            log.info("config_map_read", config_map=self.where, found=first.data is not None)
+            log.info("configmap_read", config_map=self.where, found=first.data is not None)
             yield self._follow(views)
         finally:
             aclose = getattr(views, "aclose", None)
@@ -135,21 +135,21 @@ class ConfigMapEntries:
             old, self._view = self._view, view
             if view.trouble != old.trouble:
                 if view.trouble is None:
-                    log.info("config_map_watch_recovered", config_map=self.where)
+                    log.info("configmap_current_again", config_map=self.where)
                 else:
                     log.warning(
-                        "config_map_stale_keeping_config", config_map=self.where,
+                        "configmap_stale_keeping_config", config_map=self.where,
                         error=view.trouble,
                     )  # fmt: skip
             yield "configmap"  # a trouble change too: the manager's read then reports it
 
     def read(self, use: Callable[[Entries], T]) -> T:
-        data = self._view.data
-        if data is None:
+        view = self._view  # one view throughout, whatever arrives meanwhile
+        if view.data is None:
             raise ConfigError(f"{self.where} not found (deleted, or not created yet)")
-        default = self._view.annotations.get(DEFAULT_ANNOTATION) or None
-        load = partial(_load_entry, dict(data), self.where)
-        return use(Entries(tuple(sorted(data)), load, self.where, default))
+        default = view.annotations.get(DEFAULT_ANNOTATION) or None
+        load = partial(_load_entry, dict(view.data), self.where)
+        return use(Entries(tuple(sorted(view.data)), load, self.where, default))
 
 
 def _load_entry(data: Mapping[str, str], where: str, name: str) -> LoadedConfig:
