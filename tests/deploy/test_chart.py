@@ -193,7 +193,7 @@ def test_labels_off_turns_the_labeller_off() -> None:
 
 
 def test_an_inline_config_map_is_created_mounted_and_chosen_per_node() -> None:
-    objects = rendered("config-map")
+    objects = rendered("config-map-mount")
     configmap = the(objects, "ConfigMap")
     assert configmap["metadata"] == {
         "name": f"{RELEASE}-gpuslice-configs",
@@ -220,12 +220,15 @@ def test_the_inline_configs_are_ones_the_agent_validates(tmp_path: Any) -> None:
 
 
 def test_an_existing_config_map_is_mounted_by_name_and_not_created() -> None:
-    objects = rendered("config-name")
+    objects = rendered("config-name-mount")
     assert not [o for o in objects if o["kind"] == "ConfigMap"]
     pod = the(objects, "DaemonSet")["spec"]["template"]["spec"]
     assert {"name": "my-configs"} in [v.get("configMap") for v in pod["volumes"]]
-    variables = literal_env(objects)
-    assert "DEFAULT_CONFIG" not in variables
+    assert "DEFAULT_CONFIG" not in literal_env(objects)
+
+
+def test_fallback_strategies_reach_the_agent_as_set() -> None:
+    variables = literal_env(rendered("config-name"))
     assert check_settings({}, variables)["fallback-strategies"] == ("named", "empty")
 
 

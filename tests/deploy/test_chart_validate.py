@@ -97,9 +97,9 @@ def test_check_names_the_file_that_is_out_of_step() -> None:
 def test_a_rule_added_to_RULES_reaches_the_chart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The ConfigMap rule the API config source will need lands in the namespace Role with no
-    change to the chart's templates."""
-    extra = rbac.Rule(("",), ("configmaps",), ("get", "watch"), rbac.Scope.NAMESPACE, "configs")
+    """A namespaced rule added to RULES lands in the namespace Role with no change to the
+    chart's templates."""
+    extra = rbac.Rule(("coordination.k8s.io",), ("leases",), ("get",), rbac.Scope.NAMESPACE, "x")
     monkeypatch.setattr(rbac, "RULES", (*rbac.RULES, extra))
     gen = tool()
     chart = tmp_path / "gpuslice"
@@ -108,9 +108,9 @@ def test_a_rule_added_to_RULES_reaches_the_chart(
     objects = gen.objects(gen.render(chart))
     role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "gpuslice")
     assert role["rules"][-1] == {
-        "apiGroups": [""],
-        "resources": ["configmaps"],
-        "verbs": ["get", "watch"],
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get"],
     }
 
 

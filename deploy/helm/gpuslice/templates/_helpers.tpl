@@ -35,6 +35,18 @@ app.kubernetes.io/component: node-agent
 {{- end }}
 {{- end }}
 
+{{/* "true" when the agent reads the ConfigMap of configs through the API (CONFIG_MAP) rather
+than mounted. */}}
+{{- define "gpuslice.configFromApi" -}}
+{{- if and (include "gpuslice.configMapName" .) (eq .Values.config.source "api") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when config.default goes into the chart-created ConfigMap's annotation, where the
+agent follows it live; otherwise a config.default is DEFAULT_CONFIG in the pod template. */}}
+{{- define "gpuslice.defaultInAnnotation" -}}
+{{- if and (include "gpuslice.configFromApi" .) .Values.config.map }}true{{ end }}
+{{- end }}
+
 {{/* A value as an env var's text: a list comma-separated. */}}
 {{- define "gpuslice.envText" -}}
 {{- if kindIs "slice" . }}{{ join "," . }}{{ else }}{{ toString . }}{{ end }}
