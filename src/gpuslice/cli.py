@@ -325,3 +325,49 @@ def validate(path: str, config_name: str | None) -> None:
         click.echo(describe(result.config))
     if any(isinstance(result, GpusliceError) for result in results):
         sys.exit(1)
+
+
+@main.group(cls=OneLineErrors)
+def admission() -> None:
+    """Admission policies that refuse impossible GPU requests when a pod is created."""
+
+
+@admission.command("render")
+@click.option("--config-file", metavar="PATH", help="a config file or ConfigMap manifest")
+@click.option("--config-file-srcdir", metavar="DIR", help="a mounted ConfigMap of named configs")
+@click.option("--config-name", metavar="NAME", help="only this config (an entry or file)")
+@click.option("--name", default="gpuslice", show_default=True, help="prefix of object names")
+@click.option("--namespace", default="gpuslice", show_default=True, help="namespace of the params")
+@click.option(
+    "--output",
+    type=click.Choice(["yaml", "json"]),
+    default="yaml",
+    show_default=True,
+    help="the objects as one YAML stream or one JSON list",
+)
+def admission_render(
+    config_file: str | None,
+    config_file_srcdir: str | None,
+    config_name: str | None,
+    name: str,
+    namespace: str,
+    output: str,
+) -> None:
+    """Print the ValidatingAdmissionPolicy, its bindings and their params for the configs.
+
+    A container asking for more than 1 of a resource shared with failRequestsGreaterThanOne
+    is denied when every config caps it, and warned about when only some do. Apply with
+    kubectl apply -f -; on a config change, apply again (only the params change).
+    """
+    from gpuslice.admission_cmd import render_admission
+
+    if bool(config_file) == bool(config_file_srcdir):
+        fail("give one of --config-file PATH or --config-file-srcdir DIR")
+    path = config_file or config_file_srcdir or ""
+    try:
+        text = render_admission(
+            path, config_name=config_name, name=name, namespace=namespace, output=output
+        )
+    except GpusliceError as exc:
+        fail(exc)
+    click.echo(text, nl=not text.endswith("\n"))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import build_resources, unmatched_rule_warnings
+from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
 from gpuslice.wiring import (
     RunOptions,
     effective_config,
@@ -19,7 +19,8 @@ from gpuslice.wiring import (
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
     """One JSON-able report; `resources` maps each advertised name to its device count,
-    `labels` each node label (GFD's, without the timestamp) to its value."""
+    `gpus` lists each GPU with the resources serving it (`servedAs`), `labels` each node
+    label (GFD's, without the timestamp) to its value."""
     loaded = effective_config(opts)
     cfg = settings_from(loaded, opts, plugin=True)
     backend = open_backend(opts)
@@ -51,8 +52,9 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
                 "memoryMiB": g.memory_mib,
                 "migEnabled": g.mig_enabled,
                 "migDevices": len(g.mig_devices),
+                "servedAs": served_as(g.uuid, resources),
             }
-            for g in snapshot.gpus
+            for g in sorted(snapshot.gpus, key=lambda g: g.index)
         ],
         "labels": labelled.labels,
         "config": loaded.source or "(defaults)",
@@ -64,6 +66,23 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     }
 
 
+def served_as(gpu_uuid: str, resources: Sequence[Resource]) -> list[dict[str, Any]]:
+    """Each device of the GPU that is advertised (the GPU itself, or its MIG devices),
+    with the resource serving it and how: whole, or as `replicas` shares."""
+    out: dict[str, dict[str, Any]] = {}
+    for res in resources:
+        for d in res.devices:
+            if d.gpu_uuid == gpu_uuid and d.physical_id not in out:
+                out[d.physical_id] = {
+                    "resource": res.name,
+                    "device": d.physical_id,
+                    "index": d.index,
+                    "mig": d.is_mig,
+                    "replicas": d.replicas,
+                }
+    return sorted(out.values(), key=lambda s: [int(p) for p in s["index"].split(":")])
+
+
 def render_table(report: dict[str, Any]) -> str:
     rows = [("RESOURCE", "DEVICES", "BACKED BY", "SHARING", "SOCKET")]
     rows += [
@@ -73,10 +92,25 @@ def render_table(report: dict[str, Any]) -> str:
     lines = _columns(rows)
     if not report["details"]:
         lines.append("(nothing advertised)")
+    if report["gpus"]:
+        gpu_rows = [("GPU", "MODEL", "SERVED AS")]
+        gpu_rows += [
+            (str(g["index"]), g["name"], ", ".join(map(_how, g["servedAs"])) or "(not served)")
+            for g in report["gpus"]
+        ]
+        lines += ["", *_columns(gpu_rows)]
     if report["labels"]:
         lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
     lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
+
+
+def _how(served: dict[str, Any]) -> str:
+    """ "nvidia.com/gpu.shared (4 replicas)", "nvidia.com/mig-1g.5gb (MIG 0:1, whole)"."""
+    how = "whole" if served["replicas"] == 1 else f"{served['replicas']} replicas"
+    if served["mig"]:
+        how = f"MIG {served['index']}, {how}"
+    return f"{served['resource']} ({how})"
 
 
 def _columns(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.adapters.kubelet.dirlock import Holder, claim
@@ -22,14 +23,19 @@ from gpuslice.config.v1 import Config, Flags
 from gpuslice.core.cdi import EXTRA_NODES
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.ports import GpuBackend, LabelSink, NodeApi, PluginEndpoint
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import GpuBackend, LabelSink, Metrics, NodeApi, PluginEndpoint
 from gpuslice.services.agent import AgentDeps, DirEvents
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, EntrySource
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
+from gpuslice.services.node_state import node_state
 from gpuslice.services.resource_handler import ResourceHandler
+
+if TYPE_CHECKING:
+    from gpuslice.adapters.metrics import PrometheusMetrics
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -144,12 +150,12 @@ def _watch(path: str, names: Collection[str] | None) -> DirEvents:
     return DirWatcher(path, names)
 
 
-def agent_deps(opts: RunOptions) -> AgentDeps:
+def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
     plugin_dir = opts.plugin_dir
     kubelet_socket = opts.kubelet_socket
 
     def endpoint(handler: ResourceHandler) -> PluginEndpoint:
-        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket)
+        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket, metrics)
 
     control = () if opts.fake_hardware else tuple(p for p in CONTROL_DEVICES if os.path.exists(p))
     return AgentDeps(
@@ -160,6 +166,7 @@ def agent_deps(opts: RunOptions) -> AgentDeps:
         watch=_watch if kubelet_socket else None,
         control_devices=control,
         cdi=cdi_specs(opts, control),
+        metrics=metrics,
     )
 
 
@@ -192,7 +199,7 @@ def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
     return DirWatcher(path, names, poll_interval=0.5)
 
 
-def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
+def node_deps(opts: RunOptions, api: NodeApi | None, metrics: Metrics = NO_METRICS) -> NodeDeps:
     """The agent, plus a per-node config manager and a labeller when configured."""
     node = opts.get("node-name")
     entries = config_entries(opts, api)
@@ -215,9 +222,10 @@ def node_deps(opts: RunOptions, api: NodeApi | None) -> NodeDeps:
                 label=opts.get("node-label"),
                 default=opts.get("default-config") or None,
                 fallbacks=_list(opts.get("fallback-strategies")),
+                metrics=metrics,
             )
 
-    agent = agent_deps(opts)
+    agent = agent_deps(opts, metrics)
     if manager is None and api is not None and node:
         # One config file: a refused SIGHUP reload is recorded on the Node as the
         # per-node manager records a refused config.
@@ -337,13 +345,18 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
     It serves once the device-plugin directory exists and no other agent holds it."""
     api = node_api(opts)
     try:
-        node = Node(node_deps(opts, api))
+        address = opts.get("status-address")
+        metrics = prometheus_metrics(opts) if address else None
+        node = Node(node_deps(opts, api, metrics or NO_METRICS))
         async with contextlib.AsyncExitStack() as stack:
-            address = opts.get("status-address")
             if address:
                 from gpuslice.adapters.status_http import StatusServer
 
-                await stack.enter_async_context(StatusServer(address, node.readiness))
+                page = None
+                if metrics is not None:
+                    page = metrics.page
+                    _watch_node(metrics, node)
+                await stack.enter_async_context(StatusServer(address, node.readiness, page))
             lock = await claim(opts.plugin_dir, lock_holder(opts), stop)
             if lock is None:
                 return  # stopped while waiting for the directory or its lock
@@ -352,3 +365,17 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
     finally:
         if api is not None:
             await api.aclose()
+
+
+def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:
+    """The Prometheus adapter, imported only for an agent serving /metrics."""
+    from gpuslice.adapters.metrics import PrometheusMetrics
+
+    return PrometheusMetrics(hostname=opts.get("node-name") or socket.gethostname())
+
+
+def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
+    """Series read from the node at each scrape: resources, GPUs, the config."""
+    from gpuslice.adapters.metrics import NodeStateCollector
+
+    metrics.add(NodeStateCollector(lambda: node_state(node), hostname=metrics.hostname))

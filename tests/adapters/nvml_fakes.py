@@ -76,6 +76,12 @@ class FakeNvml:
         self.inits = self.shutdowns = 0
         self.event_sets: list[EventSet] = []
         self._cond = threading.Condition()
+        # Device UUID -> pid -> (used MiB, SM %, kind: "compute", "mps" or "graphics").
+        self.running: dict[str, dict[int, tuple[int, int, str]]] = {
+            g.uuid: {p.pid: (p.used_mib, 0, "compute") for p in g.processes} for g in snapshot.gpus
+        }
+        self.util_calls: list[tuple[str, int]] = []  # (device UUID, lastSeenTimeStamp)
+        self._clock_us = 1_000_000
 
     # --- test controls --------------------------------------------------------
 
@@ -101,6 +107,16 @@ class FakeNvml:
                         )
                     )
             self._cond.notify_all()
+
+    def run(
+        self, device_uuid: str, pid: int, used_mib: int, sm: int = 0, kind: str = "compute"
+    ) -> None:
+        """A process starts (or changes) on a GPU or MIG device."""
+        self.running.setdefault(device_uuid, {})[pid] = (used_mib, sm, kind)
+
+    def exit(self, pid: int) -> None:
+        for procs in self.running.values():
+            procs.pop(pid, None)
 
     def lose(self, index: int) -> None:
         with self._cond:
@@ -168,7 +184,11 @@ class FakeNvml:
         self._live(dev)
         self._fault("nvmlDeviceGetMemoryInfo", dev.gpu.index)
         mib = dev.mig.memory_mib if dev.mig else dev.gpu.memory_mib
-        return SimpleNamespace(total=mib * MIB, used=0, free=mib * MIB)
+        uuids = (
+            [dev.mig.uuid] if dev.mig else [dev.gpu.uuid, *(m.uuid for m in dev.gpu.mig_devices)]
+        )
+        used = sum(m for u in uuids for m, _, _ in self.running.get(u, {}).values()) * MIB
+        return SimpleNamespace(total=mib * MIB, used=used, free=mib * MIB - used)
 
     def nvmlDeviceGetCudaComputeCapability(self, dev: Dev) -> tuple[int, int]:
         self._fault("nvmlDeviceGetCudaComputeCapability", dev.gpu.index)
@@ -200,10 +220,46 @@ class FakeNvml:
             sharedOfaCount=dev.mig.engines.ofa,
         )
 
-    def nvmlDeviceGetComputeRunningProcesses(self, dev: Dev) -> list[SimpleNamespace]:
+    def _procs(self, dev: Dev, kind: str, call: str) -> list[SimpleNamespace]:
+        self._live(dev)
+        self._fault(call, dev.gpu.index)
+        uuid = dev.mig.uuid if dev.mig else dev.gpu.uuid
         return [
-            SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB) for p in dev.gpu.processes
+            SimpleNamespace(pid=pid, usedGpuMemory=mib * MIB)
+            for pid, (mib, _, k) in self.running.get(uuid, {}).items()
+            if k == kind
         ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, dev: Dev) -> list[SimpleNamespace]:
+        return self._procs(dev, "compute", "nvmlDeviceGetComputeRunningProcesses")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, dev: Dev) -> list[SimpleNamespace]:
+        return self._procs(dev, "mps", "nvmlDeviceGetMPSComputeRunningProcesses")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, dev: Dev) -> list[SimpleNamespace]:
+        return self._procs(dev, "graphics", "nvmlDeviceGetGraphicsRunningProcesses")
+
+    def nvmlDeviceGetProcessUtilization(self, dev: Dev, last_seen: int) -> list[SimpleNamespace]:
+        """As NVML: NotSupported on MIG, NotFound when no process used the GPU since."""
+        self._fault("nvmlDeviceGetProcessUtilization", dev.gpu.index)
+        if dev.gpu.mig_enabled:
+            raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self.util_calls.append((dev.gpu.uuid, last_seen))
+        self._clock_us += 1
+        busy = [
+            SimpleNamespace(pid=pid, timeStamp=self._clock_us, smUtil=sm, memUtil=0)
+            for pid, (_, sm, _) in self.running.get(dev.gpu.uuid, {}).items()
+            if sm > 0
+        ]
+        if not busy:
+            raise fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return busy
+
+    def nvmlDeviceGetUtilizationRates(self, dev: Dev) -> SimpleNamespace:
+        if dev.mig is not None or dev.gpu.mig_enabled:
+            raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        sm = sum(s for _, s, _ in self.running.get(dev.gpu.uuid, {}).values())
+        return SimpleNamespace(gpu=min(100, sm), memory=0)
 
     # --- MIG ------------------------------------------------------------------
 

@@ -119,3 +119,31 @@ def test_close_is_idempotent(backend: GpuBackend) -> None:
     started = time.monotonic()
     assert backend.wait_event(5.0) is None
     assert time.monotonic() - started < 1.0
+
+
+def test_processes_cover_every_gpu_and_mig_device_of_the_snapshot(backend: GpuBackend) -> None:
+    snapshot = backend.snapshot()
+    sample = backend.processes()
+    assert [g.uuid for g in sample.gpus] == [g.uuid for g in snapshot.gpus]
+    for gpu, got in zip(snapshot.gpus, sample.gpus, strict=True):
+        assert got.error == ""
+        if gpu.mig_enabled:
+            assert [d.uuid for d in got.devices] == [m.uuid for m in gpu.mig_devices]
+            assert all(d.util_absent == "mig" for d in got.devices)
+            assert got.utilisation is None
+        else:
+            assert [d.uuid for d in got.devices] == [gpu.uuid]
+        assert got.memory_used_bytes is None or got.memory_used_bytes >= 0
+        for proc in (p for d in got.devices for p in d.processes):
+            assert proc.pid > 0
+            assert 0 <= proc.memory_bytes <= gpu.memory_mib * 1024 * 1024
+            assert proc.sm_util is None or 0.0 <= proc.sm_util <= 1.0
+
+
+def test_processes_report_the_node_files_processes(backend: GpuBackend) -> None:
+    snapshot = backend.snapshot()
+    sample = backend.processes()
+    for gpu, got in zip(snapshot.gpus, sample.gpus, strict=True):
+        if gpu.processes and not gpu.mig_enabled:
+            pids = {p.pid: p.memory_bytes for d in got.devices for p in d.processes}
+            assert pids == {p.pid: p.used_mib * 1024 * 1024 for p in gpu.processes}

@@ -222,8 +222,11 @@ async def test_admissions_are_checkpointed_in_the_plugin_dir(
 ) -> None:
     (admitted,) = await kubelet.admit("pod-1", {"main": {GPU: 1}})
     saved = read_json(os.path.join(plugin_dir, "kubelet_internal_checkpoint"))
-    assert saved["allocations"] == {"pod-1": {"main": {GPU: list(admitted.device_ids)}}}
-    assert saved["resources"] == [GPU]
+    (entry,) = saved["Data"]["PodDeviceEntries"]  # the kubelet's own layout
+    assert entry["PodUID"] == admitted.pod_uid == kubelet.pod_uid("pod-1")
+    assert (entry["ContainerName"], entry["ResourceName"]) == ("main", GPU)
+    assert entry["DeviceIDs"] == {"-1": list(admitted.device_ids)}
+    assert list(saved["Data"]["RegisteredDevices"]) == [GPU]
     with pytest.raises(StandinError, match="already admitted"):
         await kubelet.admit("pod-1", {"main": {GPU: 1}})
 

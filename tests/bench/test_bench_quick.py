@@ -32,6 +32,8 @@ FIGURES = {
     "rss_idle",
     "rss_after_allocates",
     "rss_growth",
+    "sample_cpu",
+    "sample_rss_growth",
 }
 
 

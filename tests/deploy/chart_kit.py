@@ -32,6 +32,7 @@ CONFIGS = {
         "    - name: nvidia.com/gpu\n      replicas: 4\n"
     ),
 }
+ADMISSION_MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n"
 
 # Each set of non-default values is rendered, linted and validated.
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -68,6 +69,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "labels-file": {"labels": {"output": "file", "featuresDir": "/etc/nfd/features.d"}},
     "labels-off": {"labels": {"output": "off"}, "log": {"level": "debug", "format": "json"}},
     "names": {"fullnameOverride": "gpu-agent", "statusPort": 9400, "resources": None},
+    "admission": {
+        "config": {"map": {**CONFIGS, "mps-2": ADMISSION_MPS}, "default": "t4-ts-4"},
+        "admissionPolicies": {"enabled": True, "warn": ["nvidia.com/gpu.small"]},
+    },
 }
 
 

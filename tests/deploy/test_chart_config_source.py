@@ -27,6 +27,7 @@ CHART_MAP = f"{RELEASE}-gpuslice-configs"  # the ConfigMap the chart makes from 
 # Where the agent reads its configs from, per value set; every other set has none.
 SOURCES: dict[str, tuple[type, str]] = {
     "config-map": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/{CHART_MAP}"),
+    "admission": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/{CHART_MAP}"),
     "config-name": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/my-configs"),
     "config-name-default": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/my-configs"),
     "config-map-mount": (DirectoryEntries, "/available-configs"),

@@ -85,6 +85,18 @@ class AgentProcess:
         assert match, f"process ended without logging {text!r}: {self.log}"
         return match[0]
 
+    async def wait_for_lines(self, text: str, count: int, timeout_s: float = 10.0) -> None:
+        """Until `count` log lines contain `text`; fails if the process ends first."""
+
+        def seen() -> int:
+            return sum(1 for line in self.lines if text in line)
+
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: self._eof or seen() >= count), timeout_s
+            )
+        assert seen() >= count, f"{seen()} lines with {text!r}, not {count}: {self.log}"
+
     def signal(self, signum: signal.Signals) -> None:
         self.proc.send_signal(signum)
 

@@ -1,13 +1,16 @@
-"""`gpuslice COMMAND --help` as a real process: each command lists only the options it
-uses, every option has a line of help, and each table flag's help names its env vars."""
+"""`gpuslice COMMAND --help` as a real process: every option of every command has a line
+of help, each command lists only the options it uses, and each table flag's help names
+its env vars."""
 
 from __future__ import annotations
 
 import re
 
+import click
 import pytest
 from process_harness import clean_env, run_once
 
+from gpuslice import cli
 from gpuslice.config.flags import FLAGS
 
 COMMANDS = {"run": ["run"], "labels": ["labels"], "inspect": ["inspect"]}
@@ -57,10 +60,26 @@ def options_help(command: list[str]) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("name", COMMANDS)
-def test_every_option_has_help_and_only_used_options_are_shown(name: str) -> None:
-    options = options_help(COMMANDS[name])
+def _every_command(group: click.Group, path: list[str]) -> list[list[str]]:
+    found = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += _every_command(command, [*path, name])
+        else:
+            found.append([*path, name])
+    return found
+
+
+@pytest.mark.parametrize("command", _every_command(cli.main, []), ids=" ".join)
+def test_every_option_of_every_command_has_help(command: list[str]) -> None:
+    options = options_help(command)
+    assert options
     assert all(options.values()), {o: t for o, t in options.items() if not t}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_each_command_shows_the_options_it_uses_and_no_others(name: str) -> None:
+    options = options_help(COMMANDS[name])
     assert set(SHOWN[name]) <= set(options), set(SHOWN[name]) - set(options)
     assert not set(NOT_SHOWN[name]) & set(options), set(NOT_SHOWN[name]) & set(options)
 

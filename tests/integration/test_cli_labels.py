@@ -1,7 +1,8 @@
 """`gpuslice labels` (the labeller alone, as GFD) and the labels of `gpuslice inspect`, as
 real processes: oneshot writes the features file atomically and exits 0; interval mode
 rewrites only on change, re-reads the config on SIGHUP and removes the file on SIGTERM;
-the NodeFeature output without a cluster is a one-line error."""
+the NodeFeature output without a cluster is a one-line error; a GFD DaemonSet's arguments
+are accepted, the plugin's are refused in one line."""
 
 from __future__ import annotations
 
@@ -278,3 +279,30 @@ def test_without_nvml_and_fail_on_init_error_false_only_the_timestamp_is_labelle
     assert labels is not None
     assert list(labels) == [TIMESTAMP_LABEL]
     assert "backend_unavailable_labelling_no_gpus" in result.stderr
+
+
+def test_a_gfd_daemonsets_arguments_work_unchanged(tmp_path: Path) -> None:
+    """GFD's flags that change nothing here (API rates, driver paths) are still taken, and
+    a bad value of one is still refused by name; GFD's env vars are read."""
+    out = tmp_path / "gfd"
+    args = [*ONESHOT_T4X4, *TO_FILE, "--output-file", str(out), "--kube-api-qps", "20",
+            "--kube-api-burst", "40", "--driver-root", "/run/nvidia/driver",
+            "--device-discovery-strategy", "nvml"]  # fmt: skip
+    result = run_once("labels", *args, env=clean_env(GFD_ONESHOT="true", NVIDIA_DEV_ROOT="/"))
+    assert result.returncode == 0, result.stderr
+    assert "nvidia.com/gpu.replicas=4" in out.read_text(encoding="utf-8")
+
+    refused = run_once("labels", *args, "--kube-api-qps", "fast")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        'gpuslice: error: --kube-api-qps: got "fast"; expected a number of 0 or more, '
+        "such as 5 or 2.5"
+    ]
+
+
+def test_a_plugin_flag_is_an_unknown_option_of_labels_in_one_line() -> None:
+    result = run_once("labels", "--oneshot", "--kubelet-socket", "/x")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "gpuslice: error: No such option '--kubelet-socket'; see 'gpuslice labels --help'"
+    ]

@@ -57,12 +57,14 @@ ONLY_WHEN_USED = (
     "gpuslice.adapters.nvml",
     "gpuslice.adapters.nfd_file",
     "gpuslice.adapters.status_http",
+    "gpuslice.adapters.metrics",
+    "prometheus_client",
 )
 
 
 def test_what_a_run_may_not_need_is_imported_only_when_used() -> None:
-    """The Kubernetes client, NVML, the features file and the probe server load
-    only when a run uses them: each costs start-up time on every node."""
+    """The Kubernetes client, NVML, the features file, the probe server and Prometheus'
+    client load only when a run uses them: each costs start-up time on every node."""
     code = (
         "import json, sys\n"
         "import gpuslice.cli, gpuslice.wiring, gpuslice.adapters.fake\n"

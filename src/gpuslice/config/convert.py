@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from gpuslice.config.checks import show
 from gpuslice.config.flags import with_defaults
+from gpuslice.config.load_rules import superseded
 from gpuslice.config.v1 import Config, Devices
 from gpuslice.core.container_spec import usable_imex_channels
 from gpuslice.core.errors import ConfigError
@@ -22,9 +23,12 @@ def resource_settings(config: Config) -> ResourceSettings:
     config = with_defaults(config)
     sharing = config.sharing
     block = sharing.replicated
+    entries = block.resources if block else ()
+    path = "sharing.mps" if sharing.mps is not None else "sharing.timeSlicing"
     rules = tuple(
-        ReplicaRule(r.name, r.replicas, r.rename, _devices(r.devices))
-        for r in (block.resources if block else ())
+        ReplicaRule(r.name, r.replicas, r.rename, _devices(r.devices), f"{path}.resources[{i}]")
+        for i, r in enumerate(entries)
+        if not superseded(entries, i)
     )
     plan = SharingPlan(sharing.strategy, rules, sharing.fail_requests_greater_than_one)
     return ResourceSettings(_set(config.flags.mig_strategy), plan)

@@ -156,9 +156,9 @@ FLAGS: tuple[Flag, ...] = (
           uses="", accepts="run"),
     _flag("driver-root-ctr-path", "DRIVER_ROOT_CTR_PATH CONTAINER_DRIVER_ROOT",
           "flags.plugin.containerDriverRoot", "/driver-root",
-          "where the driver root is mounted in this container",
-          aliases=("--container-driver-root",),
-          uses="", accepts="run labels"),
+          "where the driver root is mounted in this container (NVML and the IMEX channel "
+          "devices are looked for there)", aliases=("--container-driver-root",),
+          uses="run labels inspect"),
     _flag("shared-devices-allocation-policy", "SHARED_DEVICES_ALLOCATION_POLICY",
           "flags.plugin.sharedDevicesAllocationPolicy", "distributed",
           "how shared and MIG devices are picked", choices=ALLOCATION_POLICIES),
@@ -232,6 +232,8 @@ FLAGS: tuple[Flag, ...] = (
           choices=("auto", "true", "false")),
     _flag("status-address", "GPUSLICE_STATUS_ADDRESS", None, "",
           "host:port for /healthz and /readyz (empty: off)", kind=ADDRESS),
+    _flag("sample-interval", "GPUSLICE_SAMPLE_INTERVAL", None, "10s",
+          'time between per-process GPU samples for accounting ("10s", "500ms")'),
 )
 # fmt: on
 

@@ -1,9 +1,12 @@
-"""Upstream's load-time rules, applied to every freshly decoded config.
+"""Load-time rules, applied to every freshly decoded config.
 
-NVIDIA's binaries validate `resources`, `rename` and `devices` and then override them:
-custom naming and device selection are not offered. We do the same, and say so in warnings.
-The failRequestsGreaterThanOne default of the block in force is written out, so a dump of
-the effective config shows the value that applies.
+NVIDIA's binaries validate `resources`, `rename` and `devices` and then override them.
+gpuslice ignores `resources` as upstream does (with a warning), but honours `rename` and
+`devices` per sharing entry (per-GPU sharing, docs/config.md): a rename is resolved here
+(explicit, else `<name>.shared` under renameByDefault) and the checks that need no
+hardware are made; core.placement makes the rest on each node. The
+failRequestsGreaterThanOne default of the block in force is written out, so a dump of the
+effective config shows the value that applies.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from collections.abc import Callable
 
 from msgspec.structs import replace
 
+from gpuslice.config.checks import show
+from gpuslice.config.decode import config_error
 from gpuslice.config.resource_names import SHARED_SUFFIX
-from gpuslice.config.v1 import Config, ReplicatedResources, Resources
+from gpuslice.config.v1 import Config, ReplicatedResource, ReplicatedResources, Resources
+from gpuslice.core.resources import servable_name
 
 _Warn = Callable[[str, str], None]
 
@@ -32,7 +38,7 @@ def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ..
     if sharing.mps is not None and sharing.time_slicing is not None:
         warn("sharing", "both timeSlicing and mps are set; mps is used, timeSlicing is ignored")
     blocks = {
-        attr: _reset(block, f"sharing.{key}", warn)
+        attr: _resolve(block, f"sharing.{key}", warn, source, mps=attr == "mps")
         for attr, key, block in (
             ("time_slicing", "timeSlicing", sharing.time_slicing),
             ("mps", "mps", sharing.mps),
@@ -48,20 +54,57 @@ def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ..
     return replace(config, sharing=sharing), tuple(warnings)
 
 
-def _reset(block: ReplicatedResources, path: str, warn: _Warn) -> ReplicatedResources:
-    seen: set[str] = set()
-    entries = []
+def superseded(entries: tuple[ReplicatedResource, ...], i: int) -> bool:
+    """True when entry i repeats an earlier entry's name, both with `devices: all`:
+    upstream's rule, the first entry is used."""
+    entry = entries[i]
+    return entry.devices == "all" and any(
+        e.name == entry.name and e.devices == "all" for e in entries[:i]
+    )
+
+
+def _resolve(
+    block: ReplicatedResources, path: str, warn: _Warn, source: str, *, mps: bool
+) -> ReplicatedResources:
+    """Renames resolved, a superseded entry warned about (kept in the config, unused),
+    and the name checks made: each
+    advertised name comes from one resource, never another GPU resource's name, and under
+    MPS has one replica count. Raises ConfigError."""
+    entries: list[ReplicatedResource] = []
+    where: dict[str, tuple[str, ReplicatedResource]] = {}  # advertised name -> first entry
     for i, entry in enumerate(block.resources):
         at = f"{path}.resources[{i}]"
-        if entry.name in seen:
+        if superseded(block.resources, i):
             warn(f"{at}.name", f"{entry.name} is listed more than once; the first entry is used")
-        seen.add(entry.name)
-        rename = entry.name + SHARED_SUFFIX if block.rename_by_default else ""
-        if entry.rename and entry.rename != rename:
-            target = rename or entry.name
-            warn(f"{at}.rename", f"renaming is not supported (as upstream); advertised as {target}")
-        if entry.devices != "all":
-            warn(f"{at}.devices", "selecting devices is not supported (as upstream); using all")
-        # A resource a GPU can have is short enough to take the .shared suffix.
-        entries.append(replace(entry, rename=rename, devices="all"))
+            entries.append(entry)
+            continue
+        rename = "" if entry.rename == entry.name else entry.rename
+        if not rename and block.rename_by_default:
+            rename = entry.name + SHARED_SUFFIX  # every GPU resource name takes the suffix
+        entry = replace(entry, rename=rename)
+        target = entry.advertised_name
+        if rename and servable_name(rename):
+            raise config_error(
+                source,
+                f"{at}.rename",
+                f"got {show(rename)}; expected a name no GPU resource has (a resource of "
+                f"the node would be served twice under it), such as {entry.name}{SHARED_SUFFIX}",
+            )
+        first_at, first = where.setdefault(target, (at, entry))
+        if first.name != entry.name:
+            raise config_error(
+                source,
+                f"{at}.rename" if rename else f"{at}.name",
+                f"{target} is already served from {first.name} by {first_at}; one resource "
+                "name must come from one resource: choose another rename",
+            )
+        if mps and first.replicas != entry.replicas:
+            raise config_error(
+                source,
+                f"{at}.replicas",
+                f"got {entry.replicas}; expected {first.replicas} as {first_at}, which "
+                f"{target} also comes from: under MPS every device of one resource has the "
+                "same replicas (rename one entry to serve different replicas)",
+            )
+        entries.append(entry)
     return replace(block, resources=tuple(entries))

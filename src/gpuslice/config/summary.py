@@ -23,13 +23,20 @@ def describe(config: Config) -> str:
         lines.append(f"sharing: {sharing.strategy} (failRequestsGreaterThanOne: {fail})")
         for rule in block.resources:
             renamed = f", advertised as {rule.rename}" if rule.rename else ""
-            lines.append(f"  {rule.name}: {rule.replicas} replicas{renamed}")
+            picked = "" if rule.devices == "all" else f", devices {_devices(rule.devices)}"
+            lines.append(f"  {rule.name}: {rule.replicas} replicas{renamed}{picked}")
     lines += [
         f"deviceListStrategy: {','.join(plugin.list_strategies or ())}",
         f"deviceIDStrategy: {plugin.device_id_strategy}",
         f"sharedDevicesAllocationPolicy: {plugin.shared_devices_allocation_policy}",
     ]
     return "\n".join(lines)
+
+
+def _devices(devices: str | int | tuple[str | int, ...]) -> str:
+    if isinstance(devices, tuple):
+        return ",".join(str(d) for d in devices)
+    return f"{devices} (lowest indexes)" if isinstance(devices, int) else devices
 
 
 def to_dict(config: Config) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from fractions import Fraction
 
 from gpuslice.core.devices import is_replica
 from gpuslice.core.errors import InvalidRequest
@@ -79,6 +80,7 @@ def _greedy(
     queues: dict[str, list[str]] = {}
     order: dict[str, int] = {}  # ties go to the lowest GPU index, whatever the kubelet's order
     taken = set(required)
+    mixed = len({d.replicas for d in resource.devices}) > 1
     for dev in avail:
         order.setdefault(dev.gpu_uuid, dev.gpu_index)
         if dev.id not in taken:
@@ -89,11 +91,14 @@ def _greedy(
     while len(out) < size:
         candidates = [g for g, q in queues.items() if q]
 
-        def key(g: str) -> tuple[int, ...]:
-            used = total[g] - free[g] + picks[g]
+        def key(g: str) -> tuple[int | Fraction, ...]:
             if packed:
-                return (-used, order[g])
-            return (picks[g], used, order[g])
+                return (-(total[g] - free[g] + picks[g]), order[g])
+            used = total[g] - free[g] + picks[g]
+            # GPUs with different replica counts (per-GPU sharing): the smallest share
+            # in use first, so the GPUs with fewer replicas do not fill up first.
+            load = Fraction(used, total[g]) if mixed else used
+            return (picks[g], load, order[g])
 
         gpu = min(candidates, key=key)
         out.append(queues[gpu].pop())

@@ -15,9 +15,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from gpuslice.core.devices import Gpu, MigDevice
 from gpuslice.core.errors import HardwareError
+from gpuslice.core.label_shares import group_plan, per_gpu, renamed_groups
 from gpuslice.core.resources import layout_warnings, mig_resource_name
 from gpuslice.core.sharing import (
     GPU_RESOURCE,
@@ -55,15 +57,23 @@ def family(major: int, minor: int) -> str:
 def resource_labels(
     gpus: tuple[Gpu, ...], settings: ResourceSettings, warn: Warn
 ) -> dict[str, str]:
-    """gpu.*, mig.strategy and the MIG groups of the settings' MIG strategy."""
-    labels = _full_gpu_labels(gpus, settings.sharing, warn)
+    """gpu.*, mig.strategy and the MIG groups of the settings' MIG strategy, plus the
+    groups of renamed resources under per-GPU sharing (label_shares)."""
+    plan = settings.sharing
+    view = per_gpu(gpus, settings)
+    labels: dict[str, str] = {}
+    if view is not None:
+        plan = group_plan(view, plan)
+        product = partial(_product, rule=None)
+        labels = renamed_groups(view, gpus, plan.strategy, product, warn)
+    labels |= _full_gpu_labels(gpus, plan, warn)
     strategy = settings.mig_strategy
     if strategy == MIG_NONE:
         return labels
     if strategy == MIG_SINGLE:
-        labels |= _single_labels(gpus, settings.sharing, warn)
+        labels |= _single_labels(gpus, plan, warn)
     elif strategy == MIG_MIXED:
-        labels |= _mixed_labels(gpus, settings.sharing)
+        labels |= _mixed_labels(gpus, plan)
         for warning in layout_warnings(gpus, strategy):
             warn(warning)
     else:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.metrics import GpuRef
 from gpuslice.core.resources import AdvertisedDevice
 from gpuslice.core.response import ContainerAllocation
+from gpuslice.core.usage import CheckpointEntry, ContainerDevices, ProcessOwner, ProcessSample
 
 
 class GpuBackend(Protocol):
@@ -28,8 +30,38 @@ class GpuBackend(Protocol):
         """True when the GPU answers normally right now."""
         ...
 
+    def processes(self) -> ProcessSample:
+        """The processes on each GPU and MIG device now: per-process data only, not the
+        inventory. A GPU that cannot be read carries its error; the call never fails
+        for one GPU."""
+        ...
+
     def close(self) -> None:
         """Release the backend (NVML shutdown, file handles)."""
+        ...
+
+
+class ProcessOwners(Protocol):
+    """Which pod each process runs in: the cgroup reader, or the simulated backend."""
+
+    def owners(self, pids: Collection[int]) -> Mapping[int, ProcessOwner]:
+        """The pod of each of `pids` that runs in one; others are left out. Blocking."""
+        ...
+
+
+class PodResources(Protocol):
+    """The kubelet's view of which container holds which devices."""
+
+    async def list(self) -> tuple[ContainerDevices, ...]:
+        """Every container's devices (PodResources List). Raises BackendError."""
+        ...
+
+    async def allocatable(self) -> dict[str, tuple[str, ...]]:
+        """resource -> every device ID the kubelet can allocate. Raises BackendError."""
+        ...
+
+    def pod_uids(self) -> tuple[CheckpointEntry, ...]:
+        """The pod UIDs of allocations (the kubelet's device checkpoint); () if unreadable."""
         ...
 
 
@@ -169,3 +201,40 @@ class CdiStore(Protocol):
         """Hold exactly `specs` (file name -> content) among the files it wrote, rewriting
         only changed ones; returns the names written or deleted. Raises BackendError."""
         ...
+
+
+class Metrics(Protocol):
+    """What the services report for /metrics (core.metrics.NoMetrics records nothing).
+    Every call is cheap, made on the loop, and never raises."""
+
+    def request_observed(self, resource: str, method: str, seconds: float, outcome: str) -> None:
+        """One Allocate or GetPreferredAllocation call and its outcome (core.metrics)."""
+        ...
+
+    def registered(self, resource: str) -> None:
+        """A Register call the kubelet accepted."""
+        ...
+
+    def server_failed(self, resource: str) -> None:
+        """A device-plugin server that could not start or went down on its own."""
+        ...
+
+    def kubelet_restart_seen(self) -> None: ...
+
+    def xid_seen(self, gpu: GpuRef, xid: int, xid_class: str) -> None:
+        """An XID event, with its class under the health policy (core.metrics.XID_*)."""
+        ...
+
+    def health_transition(self, gpu: GpuRef, device: str, transition: str, cause: str) -> None:
+        """`device` (the GPU or a MIG device on it) was marked, escalated or recovered."""
+        ...
+
+    def config_applied(self, name: str) -> None: ...
+
+    def config_rejected(self, name: str) -> None: ...
+
+    def sampled(self, at_unix_s: float) -> None:
+        """A per-process sample succeeded at this wall-clock time."""
+        ...
+
+    def sample_failed(self) -> None: ...

@@ -3,7 +3,9 @@
 Follows upstream naming: whole GPUs and single-strategy MIG devices are
 nvidia.com/gpu, mixed-strategy MIG devices are nvidia.com/mig-<profile> with
 '+' turned into '.', and replicas are "<uuid>::<n>" devices under the rule's
-name or its rename. A resource with no devices is not advertised.
+name or its rename. A rule may select some devices of its resource (per-GPU
+sharing, core.placement); the others stay whole under their own name. A resource
+with no devices is not advertised.
 
 Under the mixed strategy only GPU-instance-sized MIG profiles (compute slices
 equal GPU slices) have a resource, as upstream; a device with a smaller compute
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice, replica_id
 from gpuslice.core.errors import HardwareError
+from gpuslice.core.placement import Placement, place
 from gpuslice.core.sharing import (
     GPU_RESOURCE,
     MIG_MIXED,
@@ -28,7 +31,6 @@ from gpuslice.core.sharing import (
     MIG_SINGLE,
     MPS,
     NONE,
-    ReplicaRule,
     ResourceSettings,
 )
 
@@ -143,49 +145,53 @@ def layout_warnings(gpus: Iterable[Gpu], settings: ResourceSettings | str) -> tu
 
 def unmatched_rule_warnings(gpus: Iterable[Gpu], settings: ResourceSettings) -> tuple[str, ...]:
     """One warning per sharing rule whose resource this node does not have under its
-    MIG strategy: the rule shares nothing (upstream skips it silently)."""
+    MIG strategy (the rule shares nothing; upstream skips it silently), and per device
+    selection this node cannot honour in full (a reference it lacks, a count larger
+    than it has: core.placement)."""
     rules = settings.sharing.rules
     if not rules:
         return ()
+    gpus = tuple(gpus)
     try:
-        base = _base_devices(tuple(gpus), settings.mig_strategy)
+        base = _base_devices(gpus, settings.mig_strategy)
+        selection = place(base, settings.sharing, mig_aliases(gpus)).warnings
     except HardwareError:
         return ()  # build_resources reports the layout itself
     present = sorted(name for name, devices in base.items() if devices)
     here = ", ".join(present) or "no resources"
-    return tuple(
-        f"sharing: {name} matches no device of this node (migStrategy "
-        f"{settings.mig_strategy}; it has {here}); nothing is shared under that name"
-        for name in dict.fromkeys(r.name for r in rules)
-        if name not in present
+    return (
+        tuple(
+            f"sharing: {name} matches no device of this node (migStrategy "
+            f"{settings.mig_strategy}; it has {here}); nothing is shared under that name"
+            for name in dict.fromkeys(r.name for r in rules)
+            if name not in present
+        )
+        + selection
     )
 
 
 def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> tuple[Resource, ...]:
-    """The resources to advertise, sorted by name. Raises HardwareError when the
-    layout breaks the MIG strategy's rules, or when MPS meets a MIG-enabled GPU."""
+    """The resources to advertise, sorted by name, each device list in index order.
+    Raises HardwareError when the layout breaks the MIG strategy's rules, when MPS meets
+    a MIG-enabled GPU, or when the per-GPU selection is contradictory (core.placement)."""
     plan = settings.sharing
     if plan.strategy == MPS:
         _require_no_mig(snapshot.gpus)
     base = _base_devices(snapshot.gpus, settings.mig_strategy)
-    grouped: dict[str, list[AdvertisedDevice]] = {name: [] for name in base}
+    placed = place(base, plan, mig_aliases(snapshot.gpus)).placed
+    grouped: dict[str, list[AdvertisedDevice]] = {}
     replicated: set[str] = set()
-    for name, devices in base.items():
-        rule = next((r for r in plan.rules if r.name == name), None)
-        if rule is None:
-            grouped[name].extend(devices)
-            continue
-        chosen = _select(devices, rule)
-        target = grouped.setdefault(rule.advertised_name, [])
-        if chosen:
-            replicated.add(rule.advertised_name)
+    for devices in base.values():
         for dev in devices:
-            if dev.id not in chosen:
-                grouped[name].append(dev)
+            where = placed[dev.id]
+            target = grouped.setdefault(where.name, [])
+            if where.replicas == 1:
+                target.append(dev)
                 continue
+            replicated.add(where.name)
             target.extend(
-                replace(dev, id=replica_id(dev.physical_id, n), replicas=rule.replicas)
-                for n in range(rule.replicas)
+                replace(dev, id=replica_id(dev.physical_id, n), replicas=where.replicas)
+                for n in range(where.replicas)
             )
     return tuple(
         Resource(
@@ -197,6 +203,22 @@ def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> t
         for name, devs in sorted(grouped.items())
         if devs
     )
+
+
+def serving(
+    gpus: Iterable[Gpu], settings: ResourceSettings
+) -> dict[str, list[tuple[AdvertisedDevice, Placement]]]:
+    """Per resource of the node's MIG strategy, each of its devices (index order) with
+    the resource that serves it and how. Raises HardwareError as build_resources."""
+    gpus = tuple(gpus)
+    base = _base_devices(gpus, settings.mig_strategy)
+    placed = place(base, settings.sharing, mig_aliases(gpus)).placed
+    return {name: [(d, placed[d.id]) for d in devs] for name, devs in base.items()}
+
+
+def mig_aliases(gpus: Iterable[Gpu]) -> dict[str, str]:
+    """Pre-R470 MIG UUIDs (MIG-GPU-<uuid>/<gi>/<ci>, lowercase) -> the MIG device's UUID."""
+    return {f"mig-{g.uuid}/{m.gi}/{m.ci}".lower(): m.uuid for g in gpus for m in g.mig_devices}
 
 
 def _gpu_device(gpu: Gpu) -> AdvertisedDevice:
@@ -234,6 +256,11 @@ def _require_no_mig(gpus: tuple[Gpu, ...]) -> None:
 
 
 def _base_devices(gpus: tuple[Gpu, ...], strategy: str) -> dict[str, list[AdvertisedDevice]]:
+    """Every device of each resource, in index order whatever order the backend gave."""
+    gpus = tuple(
+        replace(g, mig_devices=tuple(sorted(g.mig_devices, key=lambda m: m.index)))
+        for g in sorted(gpus, key=lambda g: g.index)
+    )
     if strategy == MIG_NONE:
         return {GPU_RESOURCE: [_gpu_device(g) for g in gpus]}
     if strategy == MIG_SINGLE:
@@ -281,13 +308,3 @@ def _single_strategy(gpus: tuple[Gpu, ...]) -> list[AdvertisedDevice]:
             f"({', '.join(profiles)}); use migStrategy mixed"
         )
     return [_mig_device(g, m) for g in gpus for m in g.mig_devices]
-
-
-def _select(devices: list[AdvertisedDevice], rule: ReplicaRule) -> set[str]:
-    sel = rule.devices
-    if sel is None:
-        return {d.id for d in devices}
-    if isinstance(sel, int):
-        return {d.id for d in devices[:sel]}
-    wanted = set(sel)
-    return {d.id for d in devices if d.index in wanted or d.physical_id in wanted}

@@ -22,9 +22,10 @@ class ReplicaRule:
     name: str
     replicas: int
     rename: str = ""  # advertise under this name instead ("" keeps `name`)
-    # None selects every device; an int the first N; strings are GPU indexes
-    # ("0"), MIG indexes ("0:1") or UUIDs.
+    # None selects every device; an int the N lowest-index ones not otherwise taken;
+    # strings are GPU indexes ("0"), MIG indexes ("0:1") or UUIDs (core.placement).
     devices: int | tuple[str, ...] | None = None
+    path: str = field(default="", compare=False)  # where it is in the config, for messages
 
     @property
     def advertised_name(self) -> str:

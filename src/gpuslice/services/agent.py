@@ -20,7 +20,8 @@ from gpuslice import __version__
 from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
-from gpuslice.core.ports import GpuBackend
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import GpuBackend, Metrics
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
@@ -54,6 +55,7 @@ class AgentDeps:
     # Told why a reload (SIGHUP) was refused, e.g. to record an Event on the Node.
     on_rejected: Callable[[str], Awaitable[None]] | None = None
     cdi: CdiSpecs | None = None  # keeps CDI specs in step with what is served
+    metrics: Metrics = NO_METRICS  # what /metrics reports; nothing without --status-address
 
 
 class Agent:
@@ -61,7 +63,10 @@ class Agent:
         self._deps = deps
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
         self.manager = PluginManager(
-            deps.endpoint_factory, control_devices=deps.control_devices, budget=deps.restart_budget
+            deps.endpoint_factory,
+            control_devices=deps.control_devices,
+            budget=deps.restart_budget,
+            metrics=deps.metrics,
         )
         self._backend: GpuBackend | None = None
         self.rejected: str | None = None  # why the last reload was refused, until one succeeds
@@ -133,6 +138,7 @@ class Agent:
                     self.manager.set_unhealthy,
                     recovery=settings.recovery,
                     call=self._call,
+                    metrics=self._deps.metrics,
                 )
                 self._monitor.set_hardware(self.snapshot, self.resources)
                 await stack.enter_async_context(self._monitor)
@@ -189,6 +195,8 @@ class Agent:
         except GpusliceError as exc:
             log.error("config_rejected_keeping_last_good", error=str(exc))
             self.rejected = f"config rejected, keeping the last good one: {exc}"
+            # A reload reads the same file (and entry): the rejected config has its name.
+            self._deps.metrics.config_rejected(self._settings.shown if self._settings else "")
             if self._deps.on_rejected is not None:
                 await self._deps.on_rejected(self.rejected)
             return False
@@ -208,6 +216,7 @@ class Agent:
             self.desired.settle(generation, exc)
             raise
         self._generation = generation
+        self._deps.metrics.config_applied(settings.shown)
         self.desired.settle(generation, None)
 
     async def _converge(self) -> None:
@@ -231,6 +240,7 @@ class Agent:
             self._monitor.set_hardware(self.snapshot, self.resources)
         changes = resource_changes(before, counts(self.resources))
         log.info("config_applied", config=settings.shown, changes=changes, source=settings.source)
+        self._deps.metrics.config_applied(settings.shown)
 
     async def _apply(self, settings: Settings) -> None:
         assert self._backend is not None
@@ -262,6 +272,13 @@ class Agent:
                 for res, handler in self.manager.handlers.items():
                     if handler.resource.socket_name == name:
                         await self.manager.socket_deleted(res)
+
+    async def on_backend(self, fn: Callable[[GpuBackend], T]) -> T:
+        """fn(backend) on the backend worker, as the agent's own calls run (after `ready`)."""
+        backend = self._backend
+        if backend is None:
+            raise BackendError("the GPU backend is not open", transient=True)
+        return await self._call(lambda: fn(backend))
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)

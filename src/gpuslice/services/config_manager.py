@@ -30,6 +30,8 @@ from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.settings import check_not_truncated
 from gpuslice.config.v1 import Config
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import Metrics
 from gpuslice.core.selection import (
     DEFAULT_FALLBACKS,
     DEFAULT_LABEL,
@@ -89,8 +91,11 @@ class ConfigManager(Generic[S]):
         default: str | None = None,
         fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
         debounce_s: float = DEBOUNCE_S,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._source = source
+        self._metrics = metrics
+        self._wanted: str | None = None  # the config the current read chose, once chosen
         self._node = node
         self._entries = entries
         self._to_settings = to_settings
@@ -194,10 +199,14 @@ class ConfigManager(Generic[S]):
 
     async def _refresh(self, cause: str) -> bool:
         async with self._lock:
+            self._wanted = None
             try:
                 await self._use(*await asyncio.to_thread(self._read), cause)
                 return True
             except GpusliceError as exc:
+                self._metrics.config_rejected(
+                    self._wanted or self._label_value or self._default or ""
+                )
                 if self._choice is None:  # nothing in force yet: the caller must see it
                     self._status = ConfigStatus(None, False, f"no config in force: {exc}")
                     log.error("config_rejected_at_start", error=str(exc))
@@ -226,6 +235,7 @@ class ConfigManager(Generic[S]):
             fallbacks=self._fallbacks,
             label=self._label,
         )
+        self._wanted = choice.shown
         if choice.name is None:
             return choice, LoadedConfig(Config(), source=f"{entries.where} (empty config)")
         return choice, replace(entries.load(choice.name), name=choice.name)

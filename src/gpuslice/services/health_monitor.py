@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.health_scope import every_gpu, fault_scope, find_gpu, recovery_scope
 from gpuslice.core.health_state import (
@@ -31,7 +31,8 @@ from gpuslice.core.health_state import (
     Reason,
     RecoveryPolicy,
 )
-from gpuslice.core.ports import GpuBackend
+from gpuslice.core.metrics import NO_METRICS, XID_IGNORED, GpuRef
+from gpuslice.core.ports import GpuBackend, Metrics
 from gpuslice.core.resources import Resource
 from gpuslice.services.health_thread import HealthThread
 
@@ -60,8 +61,10 @@ class HealthMonitor:
         recovery: RecoveryPolicy | None = None,
         call: BlockingCall = _to_thread,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.policy = policy
+        self._metrics = metrics
         self._backend = backend
         self._on_change = on_change
         self._book = HealthBook(recovery)
@@ -161,9 +164,14 @@ class HealthMonitor:
         if event.kind not in (XID, LOST):
             log.info("health_event_ignored", **fields, reason="unknown kind")
             return
-        if event.kind == XID and not self.policy.counts(event.xid):
-            log.info("health_event_ignored", **fields, reason="XID skipped by policy")
-            return
+        if event.kind == XID:
+            counted = self.policy.counts(event.xid)
+            xid_class = self.recovery.severity(XID, event.xid) if counted else XID_IGNORED
+            gpu = find_gpu(self._snapshot, event.gpu_uuid)
+            self._metrics.xid_seen(_ref(gpu, event.gpu_uuid), event.xid, xid_class)
+            if not counted:
+                log.info("health_event_ignored", **fields, reason="XID skipped by policy")
+                return
         devices = fault_scope(event, self._snapshot, self._advertised)
         if not devices:
             log.warning("health_event_ignored", **fields, detail=event.detail, reason="no match")
@@ -234,6 +242,8 @@ class HealthMonitor:
         }
         if reason.detail:
             fields["detail"] = reason.detail
+        if change.action != "kept":
+            self._metrics.health_transition(_ref(gpu, device), device, change.action, reason.cause)
         if change.action == "recovered":
             after = round(self._now() - reason.since, 3)
             log.warning("device_recovered", **fields, via=change.via, unhealthy_for_s=after)
@@ -243,6 +253,10 @@ class HealthMonitor:
             until = _held_until(reason)
             fields.update(held_until=until, flapping=reason.flapping, probe_at=reason.probe_at)
             log.warning(f"device_{change.action}", **fields)
+
+
+def _ref(gpu: Gpu | None, uuid: str) -> GpuRef:
+    return GpuRef(gpu.index, gpu.uuid, gpu.name) if gpu is not None else GpuRef(None, uuid)
 
 
 def _held_until(reason: Reason) -> str:

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Iterable
 import structlog
 
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.ports import PluginEndpoint
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import Metrics, PluginEndpoint
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
@@ -52,8 +53,10 @@ class PluginManager:
         budget: RestartBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._factory = factory
+        self._metrics = metrics
         self._control = tuple(control_devices)
         self._budget = budget or RestartBudget()
         self._timing = Timing(clock, sleep)
@@ -124,6 +127,7 @@ class PluginManager:
         """kubelet.sock was created again: new sockets and registrations, all at once,
         for every resource not already registered with this kubelet on its socket."""
         log.info("kubelet_restart_detected", resources=len(self._supervisors))
+        self._metrics.kubelet_restart_seen()
         await asyncio.gather(*(s.send(KubeletRestarted()) for s in self._supervisors.values()))
 
     async def socket_deleted(self, name: str) -> None:
@@ -143,6 +147,7 @@ class PluginManager:
             timing=self._timing,
             counters=self._counters,
             on_failed=self._gave_up,
+            metrics=self._metrics,
         )
         self._supervisors[name] = supervisor
         return supervisor

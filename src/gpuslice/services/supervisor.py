@@ -24,7 +24,8 @@ from typing import Any
 
 import structlog
 
-from gpuslice.core.ports import PluginEndpoint, SocketTaken
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import Metrics, PluginEndpoint, SocketTaken
 from gpuslice.core.restart import REGISTER_RETRY, FailureRun, RestartBudget, after_failure
 from gpuslice.services.supervisor_events import (
     UP,
@@ -58,8 +59,10 @@ class Supervisor:
         timing: Timing,
         counters: Counters,
         on_failed: OnFailed,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.name = name
+        self._metrics = metrics
         self.endpoint = endpoint
         self.state = State.NEW
         self._budget, self._timing = budget, timing
@@ -152,6 +155,7 @@ class Supervisor:
         if isinstance(event, RegisterDone) and state is State.REGISTERING:
             self._attempts = 0
             self._counters.registrations += 1
+            self._metrics.registered(self.name)
             self._set(State.REGISTERED)
             log.info("resource_registered", resource=self.name)
         elif isinstance(event, RegisterFailed) and state is State.REGISTERING:
@@ -219,6 +223,7 @@ class Supervisor:
     async def _fail(self, reason: str) -> None:
         """Count a failure of the server; restart it after its backoff, or give up."""
         self._counters.server_failures += 1
+        self._metrics.server_failed(self.name)
         verdict = after_failure(self._failures, self._timing.clock(), self._budget)
         self._failures, count = verdict.run, verdict.run.count
         if verdict.retry_in_s is None:

@@ -398,6 +398,7 @@ UPSTREAM = {
     "config-map": ("CONFIG_MAP", None),
     "labels": ("GPUSLICE_LABELS", None),
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
+    "sample-interval": ("GPUSLICE_SAMPLE_INTERVAL", None),
     "cdi-spec-dir": ("CDI_SPEC_DIR", None),
 }
 
@@ -467,7 +468,9 @@ def test_the_agent_takes_every_flag_and_the_labeller_exactly_gfds() -> None:
 
 def test_inspect_takes_only_what_changes_its_report() -> None:
     taken = {flag.name for flag in FLAGS if flag.taken_by("inspect")}
-    assert taken == {"mig-strategy", "mps-root", "machine-type-file", "config-file"}
+    assert taken == {
+        "mig-strategy", "mps-root", "machine-type-file", "config-file", "driver-root-ctr-path"
+    }  # fmt: skip
 
 
 def test_a_command_reads_only_the_env_vars_of_its_flags() -> None:

@@ -272,27 +272,26 @@ def test_rename_is_reset_to_empty_or_to_the_shared_name() -> None:
     assert renamed.resources[0].advertised_name == "nvidia.com/gpu.shared"
 
 
-def test_an_explicit_rename_is_overridden_with_a_warning() -> None:
-    text = TS4 + "      rename: my-gpu\n"
-    loaded = load_config(text, source="c.yaml")
+def test_an_explicit_rename_is_kept_and_wins_over_rename_by_default() -> None:
+    """Per-GPU sharing honours `rename` (upstream strips it); renameByDefault only fills
+    in entries without one, and a rename to the entry's own name means no rename."""
+    text = TS4.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n")
+    loaded = load_config(text + "      rename: my-gpu\n", source="c.yaml")
     block = loaded.config.sharing.replicated
     assert block is not None
-    assert block.resources[0].rename == ""
-    assert loaded.warnings == (
-        "c.yaml: sharing.timeSlicing.resources[0].rename: renaming is not supported "
-        "(as upstream); advertised as nvidia.com/gpu",
-    )
+    assert block.resources[0].rename == "nvidia.com/my-gpu"
+    assert loaded.warnings == ()
+    same = load_config(TS4 + "      rename: gpu\n", source="c.yaml").config.sharing.replicated
+    assert same is not None
+    assert same.resources[0].rename == ""
 
 
-def test_devices_other_than_all_are_reset_with_a_warning() -> None:
+def test_devices_are_kept_for_per_gpu_sharing() -> None:
     loaded = load_config(TS4 + "      devices: [0, 1]\n", source="c.yaml")
     block = loaded.config.sharing.replicated
     assert block is not None
-    assert block.resources[0].devices == "all"
-    assert loaded.warnings == (
-        "c.yaml: sharing.timeSlicing.resources[0].devices: selecting devices is not supported "
-        "(as upstream); using all",
-    )
+    assert block.resources[0].devices == (0, 1)
+    assert loaded.warnings == ()
 
 
 def test_devices_all_gives_no_warning() -> None:

@@ -67,8 +67,8 @@ def test_settings_of_a_file_carry_name_source_summary_and_warnings(tmp_path: Pat
     assert settings.summary.startswith("migStrategy: mixed; sharing: time-slicing")
     assert "nvidia.com/gpu: 4 replicas" in settings.summary
     assert "\n" not in settings.summary
-    assert len(settings.warnings) == 1
-    assert "renaming is not supported" in settings.warnings[0]
+    assert "advertised as nvidia.com/gpu-ts" in settings.summary  # the rename is honoured
+    assert settings.warnings == ()
     assert not settings.blank
 
 

@@ -67,9 +67,12 @@ def test_a_device_reference_outside_upstreams_forms_is_refused(ref: str) -> None
     ],
 )
 def test_every_upstream_device_reference_form_is_accepted(ref: str) -> None:
-    """Accepted in the file, then reset to all at load (with a warning), as upstream."""
+    """Accepted in the file and kept for per-GPU sharing, without a warning."""
     loaded = load_config(devices(ref), source="cfg.yaml")
-    assert any("selecting devices is not supported" in w for w in loaded.warnings)
+    block = loaded.config.sharing.replicated
+    assert block is not None
+    assert [str(d) for d in block.resources[0].devices] == [ref]
+    assert loaded.warnings == ()
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,15 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Collection
 
 import structlog
 
 from gpuslice.adapters.fake.events import EventFile, parse_event
+from gpuslice.adapters.fake.processes import ProcessTable
 from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.core.usage import ProcessOwner, ProcessSample
 
 _log = structlog.get_logger()
 
@@ -22,8 +25,10 @@ class FakeBackend:
     """Serves a fixed snapshot; health follows the optional events file.
 
     A GPU is lost (probe False) after {"lost": true} or XID 79 until a
-    {"recovered": true} line. A lost GPU stays in the snapshot. Malformed
-    event lines are skipped, logged as warnings and kept in `warnings`.
+    {"recovered": true} line. A lost GPU stays in the snapshot. Processes are the
+    node file's, changed by "process" and "process_exit" lines; their pods come from
+    those lines too (`owners`), as the simulated pids are not real. Malformed event
+    lines are skipped, logged as warnings and kept in `warnings`.
     """
 
     def __init__(
@@ -38,6 +43,7 @@ class FakeBackend:
         self._poll_s = poll_interval_s
         self._pending: deque[HealthEvent] = deque()
         self._lost: set[str] = set()
+        self._processes = ProcessTable(snapshot)
         self._warnings: list[str] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -77,6 +83,17 @@ class FakeBackend:
             parent = self._parent.get(gpu_uuid)
             return parent is not None and parent not in self._lost
 
+    def processes(self) -> ProcessSample:
+        with self._lock:
+            self._ingest()
+            return self._processes.sample()
+
+    def owners(self, pids: Collection[int]) -> dict[int, ProcessOwner]:
+        """The pods the events file gave these processes (the ProcessOwners port)."""
+        with self._lock:
+            self._ingest()
+            return self._processes.owners(pids)
+
     def close(self) -> None:
         self._closed.set()
         with self._lock:
@@ -96,6 +113,9 @@ class FakeBackend:
                 )
                 continue
             if event is None:
+                continue
+            if not isinstance(event, HealthEvent):
+                self._processes.apply(event)
                 continue
             if event.kind == "lost" or event.xid == FALLEN_OFF_THE_BUS_XID:
                 self._lost.add(event.gpu_uuid)

@@ -3,8 +3,9 @@
 Each complete line is one event about one GPU (by index or UUID):
 {"gpu": 0, "xid": 79}, {"gpu": "GPU-...", "xid": 48}, {"gpu": 0, "lost": true},
 {"gpu": 0, "recovered": true}, and MIG-scoped {"gpu": 0, "mig": 1, "xid": 31}
-(the parent's MIG device at that index). A line without its newline yet is
-left for a later read.
+(the parent's MIG device at that index). Lines with "process" or "process_exit"
+change the simulated processes (fake.processes). A line without its newline yet
+is left for a later read.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from gpuslice.adapters.fake.processes import ProcessExit, SimProcess, parse_process
 from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 
 EVENT_KEYS = frozenset({"gpu", "xid", "lost", "recovered", "mig"})
@@ -58,8 +60,11 @@ class EventFile:
         return list(enumerate(lines, first))
 
 
-def parse_event(line: bytes, snapshot: HardwareSnapshot) -> HealthEvent | None:
-    """One line -> an event; None for a blank line. ValueError says what is wrong."""
+def parse_event(
+    line: bytes, snapshot: HardwareSnapshot
+) -> HealthEvent | SimProcess | ProcessExit | None:
+    """One line -> an event or a process change; None for a blank line. ValueError
+    says what is wrong."""
     try:
         text = line.decode("utf-8").strip()
         data = json.loads(text) if text else None
@@ -69,6 +74,8 @@ def parse_event(line: bytes, snapshot: HardwareSnapshot) -> HealthEvent | None:
         return None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
+    if "process" in data or "process_exit" in data:
+        return _process_change(data, snapshot)
     unknown = sorted(set(data) - EVENT_KEYS)
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(EVENT_KEYS))})")
@@ -107,3 +114,19 @@ def _mig_detail(data: dict[str, object], gpu: Gpu) -> str:
     if isinstance(index, bool) or mig is None:
         raise ValueError(f"GPU {gpu.index} has no MIG device {index!r}")
     return f"gi={mig.gi} ci={mig.ci}"
+
+
+def _process_change(
+    data: dict[str, object], snapshot: HardwareSnapshot
+) -> SimProcess | ProcessExit:
+    if len(data) != 1:
+        raise ValueError('"process" and "process_exit" lines have no other key')
+    if "process_exit" in data:
+        pid = data["process_exit"]
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ValueError(f'"process_exit" must be a positive pid, got {pid!r}')
+        return ProcessExit(pid)
+    body = data["process"]
+    if not isinstance(body, dict):
+        raise ValueError('"process" must be an object')
+    return parse_process(body, snapshot)

@@ -12,7 +12,8 @@ import os
 
 from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
-from gpuslice.core.ports import PluginHandler
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import Metrics, PluginHandler
 
 _Stamp = tuple[int, int, int]
 
@@ -37,10 +38,14 @@ class KubeletEndpoint:
 
     @classmethod
     def create(
-        cls, handler: PluginHandler, plugin_dir: str, kubelet_socket: str
+        cls,
+        handler: PluginHandler,
+        plugin_dir: str,
+        kubelet_socket: str,
+        metrics: Metrics = NO_METRICS,
     ) -> KubeletEndpoint:
         """The endpoint of a new server for `handler` in `plugin_dir`."""
-        return cls(DevicePluginServer(handler, plugin_dir), kubelet_socket)
+        return cls(DevicePluginServer(handler, plugin_dir, metrics=metrics), kubelet_socket)
 
     async def start(self) -> None:
         await self.server.start()

@@ -22,7 +22,8 @@ from gpuslice.adapters.kubelet.api import pb_grpc, unix_target
 from gpuslice.adapters.kubelet.registration import register
 from gpuslice.adapters.kubelet.servicer import DevicePluginServicer
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.ports import PluginHandler, SocketTaken
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import Metrics, PluginHandler, SocketTaken
 from gpuslice.core.resources import socket_name as default_socket_name
 
 _log = structlog.get_logger()
@@ -42,9 +43,15 @@ class DevicePluginServer:
     """Serves one resource's PluginHandler on <plugin_dir>/<socket_name>."""
 
     def __init__(
-        self, handler: PluginHandler, plugin_dir: str, socket_name: str | None = None
+        self,
+        handler: PluginHandler,
+        plugin_dir: str,
+        socket_name: str | None = None,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.handler = handler
+        self._metrics = metrics
         self.resource_name = handler.resource_name
         self.socket_name = socket_name or default_socket_name(self.resource_name)
         self.socket_path = os.path.join(plugin_dir, self.socket_name)
@@ -75,7 +82,7 @@ class DevicePluginServer:
         except OSError as exc:
             reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
             raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
-        servicer = DevicePluginServicer(self.handler)
+        servicer = DevicePluginServicer(self.handler, self._metrics)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:

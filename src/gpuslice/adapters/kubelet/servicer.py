@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -12,7 +13,8 @@ import structlog
 from gpuslice.adapters.kubelet.api import pb, pb_grpc
 from gpuslice.adapters.kubelet.convert import allocation_to_pb, device_list
 from gpuslice.core.errors import InvalidRequest
-from gpuslice.core.ports import PluginHandler
+from gpuslice.core.metrics import ERROR, INVALID, NO_METRICS, OK
+from gpuslice.core.ports import Metrics, PluginHandler
 
 _log = structlog.get_logger()
 _T = TypeVar("_T")
@@ -38,8 +40,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     is logged with its stack and becomes INTERNAL, and the server keeps serving.
     """
 
-    def __init__(self, handler: PluginHandler) -> None:
+    def __init__(self, handler: PluginHandler, metrics: Metrics = NO_METRICS) -> None:
         self._handler = handler
+        self._metrics = metrics
         self._resource = handler.resource_name
         self._stopping = asyncio.Event()
 
@@ -132,13 +135,22 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
     async def _call(self, method: str, context: _Ctx, work: Callable[[], _T]) -> _T:
+        started = time.perf_counter()
         try:
-            return work()
+            answer = work()
         except InvalidRequest as exc:
+            self._observe(method, started, INVALID)
             message = clip(str(exc))
             _log.warning("request_rejected", resource=self._resource, method=method, error=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         except Exception as exc:
+            self._observe(method, started, ERROR)
             _log.exception("request_failed", resource=self._resource, method=method)
             message = f"{method} for {self._resource} failed: {type(exc).__name__}: {exc}"
             await context.abort(grpc.StatusCode.INTERNAL, clip(message, 300))
+        self._observe(method, started, OK)
+        return answer
+
+    def _observe(self, method: str, started: float, outcome: str) -> None:
+        seconds = time.perf_counter() - started
+        self._metrics.request_observed(self._resource, method, seconds, outcome)

@@ -12,8 +12,10 @@ import pynvml
 
 from gpuslice.adapters.nvml.events import EventWatch
 from gpuslice.adapters.nvml.inventory import Inventory
-from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.adapters.nvml.processes import ProcessReader
+from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
+from gpuslice.core.usage import ProcessSample
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 DRIVER_ROOT = "/driver-root"  # where the chart mounts nvidiaDriverRoot (upstream's default)
@@ -72,6 +74,8 @@ class NvmlBackend:
         self._inventory = Inventory(nv, sys_root, proc_root)
         self._events = EventWatch(nv)
         self._unread: frozenset[str] = frozenset()  # GPUs the last snapshot read only in part
+        self._processes = ProcessReader(nv)
+        self._layout: tuple[Gpu, ...] | None = None  # the GPUs of the last snapshot
         self._open = True
 
     @classmethod
@@ -125,7 +129,16 @@ class NvmlBackend:
             detail = f"unreadable: {unread[gpu_uuid]}"
             self._events.report(HealthEvent(gpu_uuid, "lost", detail=detail))
         self._unread = frozenset(unread)
+        self._layout = snapshot.gpus
         return snapshot
+
+    def processes(self) -> ProcessSample:
+        """Processes per GPU and MIG device of the last snapshot (one is taken first
+        if none was); errors stay on their GPU's sample."""
+        if not self._open:
+            raise BackendError("NVML backend used after close()")
+        gpus = self._layout if self._layout is not None else self.snapshot().gpus
+        return self._processes.sample(gpus)
 
     def wait_event(self, timeout_s: float) -> HealthEvent | None:
         return self._events.wait(timeout_s)

@@ -3,13 +3,16 @@
 Test and demo code, never a replacement for the kubelet. Over real unix sockets
 it serves Registration on <dir>/kubelet.sock, dials each registered plugin, keeps
 its ListAndWatch device list, admits pods the way the kubelet does (preferred
-allocation, then Allocate), checkpoints allocations and simulates restarts.
+allocation, then Allocate), checkpoints allocations and simulates restarts. With
+`pod_resources_socket` it also serves the PodResources API there, from what it
+admitted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import stat
 import time
@@ -19,12 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 import structlog
 
+from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuslice.adapters.kubelet.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.testing.kubelet import checkpoint
 from gpuslice.testing.kubelet.admission import allocate_container
 from gpuslice.testing.kubelet.endpoint import PluginEndpoint
 from gpuslice.testing.kubelet.names import registration_problem
+from gpuslice.testing.kubelet.podresources import PodResourcesServicer
 from gpuslice.testing.kubelet.records import (
     AdmittedContainer,
     DeviceState,
@@ -65,8 +70,9 @@ class KubeletStandin:
     assertions.
     """
 
-    def __init__(self, plugin_dir: str) -> None:
+    def __init__(self, plugin_dir: str, pod_resources_socket: str | None = None) -> None:
         self.plugin_dir = plugin_dir
+        self.pod_resources_socket = pod_resources_socket
         self.socket_path = os.path.join(plugin_dir, KUBELET_SOCKET_NAME)
         self.checkpoint_path = os.path.join(plugin_dir, checkpoint.CHECKPOINT_NAME)
         self.registrations: list[RegistrationRecord] = []
@@ -98,11 +104,20 @@ class KubeletStandin:
         self._state = checkpoint.load(self.checkpoint_path)
         server = grpc.aio.server()
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        try:
-            server.add_insecure_port(unix_target(self.socket_path))
-        except RuntimeError as exc:
-            await server.stop(None)
-            raise StandinError(f"cannot serve {self.socket_path}: {exc}") from None
+        sockets = [self.socket_path]
+        if self.pod_resources_socket is not None:
+            lister = PodResourcesServicer(self.allocations, self._allocatable)
+            pr_grpc.add_PodResourcesListerServicer_to_server(lister, server)
+            os.makedirs(os.path.dirname(self.pod_resources_socket), exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.pod_resources_socket)
+            sockets.append(self.pod_resources_socket)
+        for path in sockets:
+            try:
+                server.add_insecure_port(unix_target(path))
+            except RuntimeError as exc:
+                await server.stop(None)
+                raise StandinError(f"cannot serve {path}: {exc}") from None
         await server.start()
         self._server = server
         _log.info("standin_started", socket=self.socket_path)
@@ -117,8 +132,10 @@ class KubeletStandin:
         self._endpoints, self._superseded = {}, []
         for ep in endpoints:
             await ep.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        for path in (self.socket_path, self.pod_resources_socket):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         await self._notify()
 
     async def restart(self, delay: float = 0.0) -> None:
@@ -267,7 +284,8 @@ class KubeletStandin:
                 ids, alloc = await allocate_container(ep, resource, requests[resource], taken)
                 taken.update(ids)
                 admitted.append(AdmittedContainer(pod, ctr, resource, ids, alloc))
-        self._state.record(pod, [(a.container, a.resource, a.device_ids) for a in admitted])
+        uid = self._state.record(pod, [(a.container, a.resource, a.device_ids) for a in admitted])
+        admitted = [dataclasses.replace(a, pod_uid=uid) for a in admitted]
         self._save()
         _log.info("standin_admitted", pod=pod, devices=[a.device_ids for a in admitted])
         await self._notify()
@@ -275,7 +293,7 @@ class KubeletStandin:
 
     async def release(self, pod: str) -> None:
         """The pod is gone: its devices are free again."""
-        if self._state.allocations.pop(pod, None) is not None:
+        if self._state.forget(pod):
             self._save()
             await self._notify()
 
@@ -318,6 +336,14 @@ class KubeletStandin:
                     f"kubelet stand-in condition not met within {timeout_s}s; "
                     f"node status: {self.node_status()!r}"
                 ) from None
+
+    def pod_uid(self, pod: str) -> str | None:
+        """The UID the stand-in gave an admitted pod."""
+        return self._state.uids.get(pod)
+
+    def _allocatable(self) -> dict[str, tuple[str, ...]]:
+        """resource -> every device ID of its plugin (as the kubelet's allocatable list)."""
+        return {name: tuple(sorted(self.devices(name))) for name in self.resources()}
 
     def resources(self) -> list[str]:
         """Every resource ever registered (the checkpoint remembers them across restarts)."""

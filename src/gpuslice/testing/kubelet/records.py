@@ -58,6 +58,7 @@ class AdmittedContainer:
     resource: str
     device_ids: tuple[str, ...]
     allocation: ContainerAllocation  # what the container runtime would be given
+    pod_uid: str = ""  # the UID the stand-in gave the pod
 
 
 @dataclass(frozen=True, slots=True)

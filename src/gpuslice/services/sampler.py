@@ -1,0 +1,119 @@
+"""Accounting: sample processes every interval and join them with the kubelet's allocations.
+
+Each sample is one blocking call on the agent's backend worker (the backend's
+per-process read, the owners of those pids, the kubelet's device checkpoint), then
+two PodResources calls and the pure join. The latest attribution and the time of
+the last successful sample are kept; peaks are carried only for containers still
+listed, so memory stays bounded by what the node runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from gpuslice.config.checks import duration_seconds
+from gpuslice.core.attribution import Attribution, attribute, with_pod_uids
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.ports import GpuBackend, PodResources, ProcessOwners
+from gpuslice.core.usage import CheckpointEntry, ProcessOwner, ProcessSample
+
+log = structlog.get_logger("gpuslice.sampler")
+
+DEFAULT_INTERVAL = "10s"
+# fn(backend) on the backend worker: Agent.on_backend.
+OnBackend = Callable[[Callable[[GpuBackend], "Reading"]], Awaitable["Reading"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one worker call reads."""
+
+    sample: ProcessSample
+    owners: dict[int, ProcessOwner]
+    uids: tuple[CheckpointEntry, ...]
+
+
+def interval_seconds(text: str) -> float:
+    """--sample-interval as seconds; ConfigError naming the flag when it is not a duration."""
+    try:
+        seconds = duration_seconds(text)
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise ConfigError(
+            f"--sample-interval (GPUSLICE_SAMPLE_INTERVAL): {text!r} is not a positive "
+            'duration such as "10s" or "500ms"'
+        )
+    return seconds
+
+
+class Sampler:
+    def __init__(
+        self,
+        on_backend: OnBackend,
+        hardware: Callable[[], HardwareSnapshot],
+        pod_resources: PodResources,
+        owners: ProcessOwners,
+        *,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        sampled: Callable[[float], None] | None = None,  # e.g. Metrics.sampled
+        failed: Callable[[], None] | None = None,  # e.g. Metrics.sample_failed
+    ) -> None:
+        self._on_backend = on_backend
+        self._hardware = hardware
+        self._pods = pod_resources
+        self._owners = owners
+        self.interval_s = interval_s
+        self._clock = clock
+        self._sampled = sampled
+        self._failed = failed
+        self.latest: Attribution | None = None
+        self.last_success: float | None = None  # wall-clock time of the latest good sample
+        self.error: str | None = None  # why the latest sample failed; None after a good one
+        self.samples = 0
+
+    def _read(self, backend: GpuBackend) -> Reading:
+        sample = backend.processes()
+        return Reading(sample, dict(self._owners.owners(sample.pids())), self._pods.pod_uids())
+
+    async def sample_once(self) -> Attribution | None:
+        """Take one sample; on failure keep the last attribution and say why."""
+        try:
+            reading = await self._on_backend(self._read)
+            listed = await self._pods.list()
+            allocatable = await self._pods.allocatable()
+        except GpusliceError as exc:
+            if self.error != str(exc):
+                log.warning("sample_failed", error=str(exc))
+            self.error = str(exc)
+            if self._failed is not None:
+                self._failed()
+            return None
+        allocations = with_pod_uids(listed, reading.uids)
+        peaks = self.latest.peaks() if self.latest is not None else None
+        self.latest = attribute(
+            self._hardware(), reading.sample, allocations, allocatable, reading.owners, peaks
+        )
+        if self.error is not None:
+            log.info("sample_recovered")
+        self.error = None
+        self.last_success = self._clock()
+        self.samples += 1
+        if self._sampled is not None:
+            self._sampled(self.last_success)
+        return self.latest
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample every interval until `stop` is set."""
+        while not stop.is_set():
+            await self.sample_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)

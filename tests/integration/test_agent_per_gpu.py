@@ -1,0 +1,153 @@
+"""Per-GPU sharing through the whole agent and the kubelet stand-in (real gRPC): one
+node serves whole and time-sliced GPUs under different names, a live change re-lists
+only the resources whose devices changed, a contradictory selection keeps the last good
+config, and a GPU moved while a pod holds it is (knowingly) advertised again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent_harness import (
+    EXAMPLES,
+    GPU,
+    AgentLauncher,
+    RunningAgent,
+    gpus_of,
+    serving,
+    write_file,
+)
+from conftest import Logged
+from process_harness import run_once
+
+from gpuslice.testing.kubelet import KubeletStandin
+
+SHARED = "nvidia.com/gpu.shared"
+SMALL = "nvidia.com/gpu.small"
+
+
+def per_gpu(shared: str, replicas: int = 4, small: str = '["6", "7"]') -> str:
+    return f"""version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - {{name: nvidia.com/gpu, rename: {SHARED}, replicas: {replicas}, devices: {shared}}}
+    - {{name: nvidia.com/gpu, rename: {SMALL}, replicas: 8, devices: {small}}}
+"""
+
+
+async def _start(
+    kubelet: KubeletStandin, launcher: AgentLauncher, config: Path, text: str
+) -> RunningAgent:
+    write_file(config, text)
+    running = await launcher.start("dgx-a100", config=config)
+    await running.registered(kubelet)
+    return running
+
+
+async def test_a_mixed_node_serves_whole_and_shared_gpus_under_their_names(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    """GPUs 2-3 x4 as gpu.shared, 6-7 x8 as gpu.small, the rest whole as nvidia.com/gpu;
+    a pod of each kind gets a device of the GPUs its resource names, never another."""
+    running = await _start(kubelet, launcher, tmp_path / "c.yaml", per_gpu('["2", "3"]'))
+    assert running.served == {GPU: 4, SHARED: 8, SMALL: 16}
+    uuid = running.gpu_uuid
+    assert gpus_of(kubelet.devices(GPU)) == {uuid(i) for i in (0, 1, 4, 5)}
+    assert gpus_of(kubelet.devices(SHARED)) == {uuid(2), uuid(3)}
+    assert gpus_of(kubelet.devices(SMALL)) == {uuid(6), uuid(7)}
+    got = await kubelet.admit("p", {"c": {GPU: 2, SHARED: 1, SMALL: 1}})
+    by_resource = {a.resource: gpus_of(a.device_ids) for a in got}
+    assert by_resource[GPU] <= {uuid(i) for i in (0, 1, 4, 5)}
+    assert by_resource[SHARED] <= {uuid(2), uuid(3)}
+    assert by_resource[SMALL] <= {uuid(6), uuid(7)}
+
+
+async def test_a_live_change_relists_only_the_resources_whose_devices_changed(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    config = tmp_path / "c.yaml"
+    running = await _start(kubelet, launcher, config, per_gpu('["2", "3"]'))
+    before = {name: kubelet.updates(name) for name in (GPU, SHARED, SMALL)}
+
+    write_file(config, per_gpu('["2", "3"]', replicas=2))  # only gpu.shared changes
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4, SHARED: 4, SMALL: 16}))
+    assert kubelet.updates(SHARED) == before[SHARED] + 1
+    assert (kubelet.updates(GPU), kubelet.updates(SMALL)) == (before[GPU], before[SMALL])
+
+    write_file(config, per_gpu('["2", "3", "4"]', replicas=2))  # GPU 4 moves from gpu
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 3, SHARED: 6, SMALL: 16}))
+    assert kubelet.updates(SHARED) == before[SHARED] + 2
+    assert kubelet.updates(GPU) == before[GPU] + 1
+    assert kubelet.updates(SMALL) == before[SMALL]
+
+
+async def test_a_gpu_claimed_twice_is_refused_and_the_last_good_layout_keeps_serving(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    config = tmp_path / "c.yaml"
+    running = await _start(kubelet, launcher, config, per_gpu('["2", "3"]'))
+    write_file(config, per_gpu('["2", "6"]'))
+    assert not await running.agent.reload()
+    assert running.agent.rejected is not None
+    assert "sharing.timeSlicing.resources[1]: device 6 (" in running.agent.rejected
+    assert "already selected by sharing.timeSlicing.resources[0]" in running.agent.rejected
+    assert running.served == {GPU: 4, SHARED: 8, SMALL: 16}
+
+
+async def test_a_gpu_moved_while_allocated_is_advertised_again_until_its_pod_ends(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    """The documented limitation (docs/config.md, "Moving a GPU with pods on it"): the
+    kubelet's checkpoint keeps the pod's replica under gpu.shared, which shrinks; the
+    running pod keeps its device; the GPU is advertised healthy as a whole nvidia.com/gpu
+    at once, so a new pod can be given the same GPU while the old pod still runs."""
+    config = tmp_path / "c.yaml"
+    running = await _start(kubelet, launcher, config, per_gpu('["0", "1"]', small="[7]"))
+    uuid = running.gpu_uuid
+    old = await kubelet.admit("old", {"c": {SHARED: 1}})
+    assert gpus_of(old[0].device_ids) == {uuid(0)}  # the lowest index first
+
+    write_file(config, per_gpu('["1"]', small="[7]"))
+    assert await running.agent.reload()
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 6, SHARED: 4}))
+    assert kubelet.allocations()["old"]["c"] == {SHARED: old[0].device_ids}
+    assert uuid(0) not in gpus_of(kubelet.devices(SHARED))
+    assert uuid(0) in gpus_of(kubelet.devices(GPU))
+
+    new = await kubelet.admit("new", {"c": {GPU: 6}})
+    assert uuid(0) in gpus_of(new[0].device_ids)  # shared with "old" until it ends
+
+
+async def test_run_logs_a_warning_for_gpus_this_node_lacks(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path, logged: Logged
+) -> None:
+    """The example's GPUs 4-7 do not exist on a T4x4: served as far as they exist."""
+    running = await launcher.start("t4x4", config=EXAMPLES / "per-gpu-sharing.yaml")
+    await running.registered(kubelet)
+    assert running.served == {GPU: 2, SHARED: 8}
+    details = [e["detail"] for e in logged if e["event"] == "hardware_layout_warning"]
+    assert details == [
+        f'sharing.timeSlicing.resources[{at}].devices: "{i}" matches no nvidia.com/gpu here '
+        "(this node has no such device); skipped"
+        for at, i in ((0, 4), (0, 5), (1, 6), (1, 7))
+    ]
+
+
+def test_inspect_shows_which_resource_serves_each_gpu() -> None:
+    example = str(EXAMPLES / "per-gpu-sharing.yaml")
+    args = ("inspect", "--fake-hardware", "dgx-a100", "--config-file", example)
+    report = json.loads(run_once(*args, "--output", "json").stdout)
+    served = {g["index"]: g["servedAs"] for g in report["gpus"]}
+    assert served[0] == [
+        {"resource": GPU, "device": report["gpus"][0]["uuid"], "index": "0", "mig": False,
+         "replicas": 1}
+    ]  # fmt: skip
+    assert [s["resource"] for g in report["gpus"] for s in g["servedAs"]] == [GPU] * 2 + [
+        SHARED
+    ] * 4 + [SMALL] * 2
+    table = run_once(*args).stdout.splitlines()
+    assert "2    NVIDIA A100-SXM4-40GB  nvidia.com/gpu.shared (4 replicas)" in table
+    assert "7    NVIDIA A100-SXM4-40GB  nvidia.com/gpu.small (8 replicas)" in table
