@@ -23,6 +23,7 @@ from gpuslice.config.checks import (
     ID_STRATEGIES,
     MIG_STRATEGIES,
     FieldError,
+    duration_seconds,
     show,
     suggest,
 )
@@ -39,10 +40,12 @@ INT_LIST = "int-list"  # comma-separated integers
 NUMBER = "number"  # a decimal number >= 0
 COUNT = "count"  # an integer >= 0
 ADDRESS = "address"  # host:port, [ipv6]:port or :port (every IPv4 address); empty: off
+DURATION = "duration"  # a positive Go duration ("10s", "500ms"), kept as text
 
 TRUE_WORDS = ("true", "1", "yes")
 FALSE_WORDS = ("false", "0", "no")
 KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 FlagValue = str | bool | int | float | tuple[str, ...] | tuple[int, ...] | None
 
@@ -233,7 +236,10 @@ FLAGS: tuple[Flag, ...] = (
     _flag("status-address", "GPUSLICE_STATUS_ADDRESS", None, "",
           "host:port for /healthz and /readyz (empty: off)", kind=ADDRESS),
     _flag("sample-interval", "GPUSLICE_SAMPLE_INTERVAL", None, "10s",
-          'time between per-process GPU samples for accounting ("10s", "500ms")'),
+          'time between per-process GPU samples for accounting ("10s", "500ms")',
+          kind=DURATION),
+    _flag("pod-resources-socket", "GPUSLICE_POD_RESOURCES_SOCKET", None, POD_RESOURCES_SOCKET,
+          "the kubelet's PodResources API socket, read for accounting"),
 )
 # fmt: on
 
@@ -245,6 +251,7 @@ _EXPECTED_KIND = {
     NUMBER: "a number of 0 or more, such as 5 or 2.5",
     COUNT: "an integer of 0 or more",
     ADDRESS: "host:port, [ipv6]:port or :port with a port from 0 to 65535, or empty (off)",
+    DURATION: 'a positive duration such as "10s" or "500ms"',
 }
 _ADDRESS = re.compile(r"(\[[0-9A-Za-z:.%]+\]|[^\s:\[\]]*):([0-9]{1,5})")
 
@@ -350,9 +357,18 @@ def _parse(flag: Flag, origin: str, text: str) -> FlagValue:
         return tuple(int(item) for item in items)
     if flag.kind == ADDRESS and (not word or split_address(word)):
         return word
+    if flag.kind == DURATION and _positive_duration(word):
+        return word
     if flag.kind in _EXPECTED_KIND:
         raise config_error(origin, "", f"got {show(text)}; expected {_EXPECTED_KIND[flag.kind]}")
     return text
+
+
+def _positive_duration(text: str) -> bool:
+    try:
+        return duration_seconds(text) is not None
+    except ValueError:
+        return False
 
 
 def _attr_path(key: str) -> tuple[str, ...]:

@@ -25,7 +25,8 @@ _Warn = Callable[[str, str], None]
 
 
 def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ...]]:
-    """The config as upstream would run it, plus warnings (`source: path: text`)."""
+    """The config as the agent runs it, plus warnings (`source: path: text`). Raises
+    ConfigError for a rename or replica count per-GPU sharing cannot serve."""
     warnings: list[str] = []
 
     def warn(path: str, text: str) -> None:

@@ -399,6 +399,7 @@ UPSTREAM = {
     "labels": ("GPUSLICE_LABELS", None),
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
     "sample-interval": ("GPUSLICE_SAMPLE_INTERVAL", None),
+    "pod-resources-socket": ("GPUSLICE_POD_RESOURCES_SOCKET", None),
     "cdi-spec-dir": ("CDI_SPEC_DIR", None),
 }
 
@@ -509,3 +510,13 @@ def test_a_malformed_status_address_is_refused_naming_the_env_var() -> None:
     with pytest.raises(ConfigError, match=r'^env GPUSLICE_STATUS_ADDRESS: got "8080"; expected'):
         check_settings({}, {"GPUSLICE_STATUS_ADDRESS": "8080"})
     assert check_settings({"status-address": ""}, {})["status-address"] == ""
+
+
+@pytest.mark.parametrize("bad", ["10", "", "-1s", "0s", "infinite", "ten seconds"])
+def test_a_sample_interval_must_be_a_positive_duration(bad: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^env GPUSLICE_SAMPLE_INTERVAL: got .*positive duration"
+    ):
+        check_settings({}, {"GPUSLICE_SAMPLE_INTERVAL": bad})
+    assert check_settings({}, {})["sample-interval"] == "10s"
+    assert check_settings({"sample-interval": "500ms"}, {})["sample-interval"] == "500ms"
