@@ -6,17 +6,18 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import signal
 import socket
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.adapters.kubelet.dirlock import Holder, claim
 from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
 from gpuslice.config import settings as config_settings
 from gpuslice.config.checks import duration_seconds, show
-from gpuslice.config.flags import FLAGS_BY_NAME, resolve, setting, with_defaults
+from gpuslice.config.flags import FALSE_WORDS, FLAGS_BY_NAME, resolve, setting, with_defaults
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.settings import Settings
 from gpuslice.config.v1 import Config, Flags
@@ -24,8 +25,18 @@ from gpuslice.core.cdi import EXTRA_NODES
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.ports import GpuBackend, LabelSink, Metrics, NodeApi, PluginEndpoint
-from gpuslice.services.agent import AgentDeps, DirEvents
+from gpuslice.core.ports import (
+    GpuBackend,
+    LabelSink,
+    Metrics,
+    NodeApi,
+    PluginEndpoint,
+    PodEvents,
+    PodResources,
+    ProcessOwners,
+)
+from gpuslice.core.watchdog import Policy, parse_budgets
+from gpuslice.services.agent import Agent, AgentDeps, DirEvents
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, EntrySource
@@ -33,8 +44,11 @@ from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_state import node_state
 from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.services.sampler import Sampler, interval_seconds
+from gpuslice.services.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
     from gpuslice.adapters.metrics import PrometheusMetrics
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -167,7 +181,22 @@ def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
         control_devices=control,
         cdi=cdi_specs(opts, control),
         metrics=metrics,
+        pod_resources=lambda: _held_back_by(opts),
     )
+
+
+@contextlib.asynccontextmanager
+async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
+    """PodResources for holding back moved devices (services.holds), accounting or not:
+    a short timeout, since the agent reads it before serving each config."""
+    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+
+    checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
+    client = PodResourcesClient(opts.get("pod-resources-socket"), checkpoint, timeout_s=2.0)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
@@ -192,6 +221,7 @@ def node_api(opts: RunOptions) -> NodeApi | None:
     return KubeNodeApi(
         kubeconfig=kubeconfig or None,
         pod_name=opts.get("pod-name") or None,
+        host=opts.get("node-name"),
     )
 
 
@@ -347,8 +377,14 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
     try:
         address = opts.get("status-address")
         metrics = prometheus_metrics(opts) if address else None
-        node = Node(node_deps(opts, api, metrics or NO_METRICS))
+        deps = node_deps(opts, api, metrics or NO_METRICS)
+        pods = pod_resources(opts)
+        if pods is not None:
+            deps.accounting = accounting(opts, api, metrics or NO_METRICS, pods)
+        node = Node(deps)
         async with contextlib.AsyncExitStack() as stack:
+            if pods is not None:
+                stack.push_async_callback(pods.aclose)
             if address:
                 from gpuslice.adapters.status_http import StatusServer
 
@@ -379,3 +415,66 @@ def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
     from gpuslice.adapters.metrics import NodeStateCollector
 
     metrics.add(NodeStateCollector(lambda: node_state(node), hostname=metrics.hostname))
+    sampler, watchdog = node.sampler, node.watchdog
+    if sampler is not None:
+        from gpuslice.adapters.metrics import AccountingCollector, BudgetCollector
+
+        metrics.add(AccountingCollector(lambda: sampler.latest, hostname=metrics.hostname))
+        if watchdog is not None:
+            metrics.add(BudgetCollector(lambda: watchdog.latest, hostname=metrics.hostname))
+
+
+def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
+    """The kubelet's PodResources API and device checkpoint (None: accounting is off).
+    Nothing connects until the first sample: a missing socket fails samples, not the agent."""
+    if opts.get("accounting").strip().lower() in FALSE_WORDS:
+        return None
+    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+
+    checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
+    return PodResourcesClient(opts.get("pod-resources-socket"), checkpoint)
+
+
+def accounting(
+    opts: RunOptions, api: NodeApi | None, metrics: Metrics, pods: PodResources
+) -> Callable[[Agent], tuple[Sampler, Watchdog | None]]:
+    """The sampler beside the agent and the memory-budget watchdog it feeds. On simulated
+    hardware the backend knows its processes' pods; on a node, their cgroups under
+    --proc-root do. Raises ConfigError for a bad interval or budget."""
+    interval = interval_seconds(opts.get("sample-interval"))
+    overrides = parse_budgets(opts.get("memory-budget"))
+    policy = Policy(opts.get("memory-budget-policy"))
+    owners: ProcessOwners | None = None
+    if not opts.fake_hardware:
+        from gpuslice.adapters.cgroups import CgroupOwners
+
+        owners = CgroupOwners(opts.get("proc-root"))
+    events = cast(PodEvents, api) if hasattr(api, "record_pod_event") else None
+
+    def build(agent: Agent) -> tuple[Sampler, Watchdog | None]:
+        watchdog = Watchdog(
+            policy,
+            overrides,
+            lambda: agent.snapshot,
+            hold=agent.manager.hold_unhealthy,
+            kill=_kill,
+            events=events,
+            metrics=metrics,
+        )
+        sampler = Sampler(
+            agent.on_backend,
+            lambda: agent.snapshot,
+            pods,
+            owners,
+            interval_s=interval,
+            sampled=metrics.sampled,
+            failed=metrics.sample_failed,
+            after=watchdog.check,
+        )
+        return sampler, watchdog
+
+    return build
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)

@@ -1,6 +1,6 @@
 """The RBAC rules of gpuslice.adapters.kube.rbac are exactly what the agent needs: every
 API call KubeNodeApi makes (node read and watch, the ConfigMap's read and watch, Node
-Events, NodeFeature create and update with POD_NAME set and the owner lookup) succeeds
+and Pod Events, NodeFeature create and update with POD_NAME set and the owner lookup) succeeds
 against the API server stand-in enforcing just these rules, and taking away any single
 verb of any rule makes a call fail with 403."""
 
@@ -51,6 +51,8 @@ async def agent_calls(server: FakeApiServer, tmp_path: Path) -> None:
             await server.wait_for(lambda s: any(r.code for r in s.watches("configmaps")))
         await configs.close()
         await api.record_event("n1", "ConfigRejected", "config rejected", warning=True)
+        await api.record_pod_event("ml", "train-0", "uid-1", "GPUMemoryOverBudget", "over",
+                                   warning=True)  # fmt: skip
         for replicas in ("4", "8"):  # create, then update
             with contextlib.suppress(BackendError):
                 await api.publish_node_feature("n1", NS, {"nvidia.com/gpu.replicas": replicas})
@@ -71,7 +73,8 @@ async def test_the_rules_cover_every_call_the_agent_makes(tmp_path: Path) -> Non
     assert server.answered(403) == []
     calls = {(r.method, r.code) for r in server.requests}
     assert calls >= {("GET", 200), ("POST", 201), ("PUT", 200)}
-    assert len(server.events) == 1
+    assert len(server.events) == 2
+    assert {e["metadata"]["namespace"] for e in server.events} == {"default", "ml"}
     (feature,) = server.features.values()
     assert [o["kind"] for o in feature["metadata"]["ownerReferences"]] == ["DaemonSet", "Pod"]
     assert feature["spec"]["labels"] == {"nvidia.com/gpu.replicas": "8"}
@@ -106,16 +109,15 @@ async def test_the_rules_granted_in_another_namespace_are_not_enough(tmp_path: P
         (NS, "nodefeatures"),
         (NS, "configmaps"),
     }
-    assert server.events  # the cluster-wide and default-namespace rules still hold
+    assert server.events  # the cluster-wide rules still hold
 
 
 def test_each_scope_renders_the_policy_rules_of_one_role() -> None:
     assert rules_in(Scope.CLUSTER) == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
-    assert rules_in(Scope.DEFAULT) == [
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-    ]
+    assert rules_in(Scope.DEFAULT) == []
     assert [r["resources"] for r in rules_in(Scope.NAMESPACE)] == [
         ["nodefeatures"],
         ["pods"],
@@ -147,5 +149,4 @@ def test_the_docs_example_roles_hold_exactly_these_rules() -> None:
     assert roles == {
         ("ClusterRole", None): rules_in(Scope.CLUSTER),
         ("Role", NS): rules_in(Scope.NAMESPACE),
-        ("Role", "default"): rules_in(Scope.DEFAULT),
     }

@@ -282,7 +282,7 @@ def test_pod_values_land_in_the_daemonset(name: str, path: tuple[Any, ...], expe
 def test_names_follow_fullname_override() -> None:
     objects = rendered("names")
     names = {o["metadata"]["name"] for o in objects}
-    assert names == {"gpu-agent", "gpu-agent-node-events"}
+    assert names == {"gpu-agent"}
     assert "resources" not in container(objects)
 
 
@@ -294,12 +294,13 @@ def test_rbac_is_exactly_the_agents_rules_bound_to_its_service_account() -> None
     roles = {
         rbac.Scope.CLUSTER: the(objects, "ClusterRole"),
         rbac.Scope.NAMESPACE: the(objects, "Role", NAMESPACE),
-        rbac.Scope.DEFAULT: the(objects, "Role", "default"),
     }
+    assert rbac.rules_in(rbac.Scope.DEFAULT) == []  # Node Events: the cluster-wide rule
+    assert not [o for o in objects if o["metadata"].get("namespace") == "default"]
     for scope, role in roles.items():
         assert role["rules"] == rbac.rules_in(scope), scope
     bindings = [the(objects, "ClusterRoleBinding")]
-    bindings += [the(objects, "RoleBinding", ns) for ns in (NAMESPACE, "default")]
+    bindings += [the(objects, "RoleBinding", ns) for ns in (NAMESPACE,)]
     for binding, role in zip(bindings, roles.values(), strict=True):
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["roleRef"]["kind"] == role["kind"]
@@ -309,8 +310,8 @@ def test_rbac_is_exactly_the_agents_rules_bound_to_its_service_account() -> None
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(
         [
-            *("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Role"),
-            *("RoleBinding", "RoleBinding", "DaemonSet"),
+            *("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"),
+            *("RoleBinding", "DaemonSet"),
         ]
     )
 

@@ -78,7 +78,7 @@ def test_static_manifests_are_the_chart_rendered_with_default_values() -> None:
     )
     namespace = objects[0]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
-    assert {o["metadata"].get("namespace") for o in chart} == {"gpuslice", "default", None}
+    assert {o["metadata"].get("namespace") for o in chart} == {"gpuslice", None}
 
 
 def test_regenerating_changes_nothing() -> None:

@@ -54,6 +54,11 @@ def gpus_of(device_ids: Iterable[str]) -> set[str]:
     return {physical_id(d) for d in device_ids}
 
 
+def pod_resources_socket(plugin_dir: str) -> str:
+    """Where agents started here read PodResources, and a stand-in may serve it."""
+    return os.path.join(plugin_dir, "pr", "kubelet.sock")
+
+
 serving = KubeletStandin.serves  # (kubelet, {resource: device count}) -> bool
 
 
@@ -136,8 +141,13 @@ class AgentLauncher:
         flags: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> RunOptions:
-        # CDI specs (cdi-* strategies) go beside the sockets, never to the host's /var/run/cdi.
-        cli = {"kubelet-socket": self.kubelet_socket, "cdi-spec-dir": self.cdi_spec_dir}
+        # CDI specs (cdi-* strategies) go beside the sockets, never to the host's /var/run/cdi;
+        # PodResources where a stand-in serving it puts it (pod_resources_socket).
+        cli = {
+            "kubelet-socket": self.kubelet_socket,
+            "cdi-spec-dir": self.cdi_spec_dir,
+            "pod-resources-socket": pod_resources_socket(self.plugin_dir),
+        }
         if config is not None:
             cli["config-file"] = str(config)
         cli.update(flags or {})

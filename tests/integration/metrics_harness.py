@@ -13,7 +13,7 @@ import socket
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +23,10 @@ from node_harness import CONFIGS, NAMESPACE, NODE
 from process_harness import AgentProcess, clean_env
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.adapters.kube.rbac import RULES
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.demo import write_configmap_volume
-from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
+from gpuslice.testing.apiserver import FakeApiServer, Grant, write_kubeconfig
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")
@@ -81,10 +82,12 @@ class ScrapedNode:
 
 
 @asynccontextmanager
-async def scraped_node(plugin_dir: str, work: Path, port: int = 0) -> AsyncIterator[ScrapedNode]:
+async def scraped_node(
+    plugin_dir: str, work: Path, port: int = 0, extra: Sequence[str] = ()
+) -> AsyncIterator[ScrapedNode]:
     """The agent on t4x4 serving the default config ts-4 of CONFIGS, /metrics on `port`
-    (0: one it picks)."""
-    api = FakeApiServer()
+    (0: one it picks), with `extra` flags; the API server grants exactly the RBAC rules."""
+    api = FakeApiServer(grants(NAMESPACE))
     await api.start()
     api.put_node(NODE)
     configs = work / "configs"
@@ -104,6 +107,7 @@ async def scraped_node(plugin_dir: str, work: Path, port: int = 0) -> AsyncItera
             "--default-config", "ts-4",
             "--labels", "false",
             "--status-address", f"127.0.0.1:{port}",
+            *extra,
         ],
         env=env,
     )  # fmt: skip
@@ -114,6 +118,15 @@ async def scraped_node(plugin_dir: str, work: Path, port: int = 0) -> AsyncItera
     finally:
         await proc.kill()
         await api.close()
+
+
+def grants(namespace: str) -> list[Grant]:
+    """What binding RULES as documented grants an agent running in `namespace`."""
+    return [
+        Grant(group, frozenset(rule.resources), frozenset(rule.verbs), rule.namespace(namespace))
+        for rule in RULES
+        for group in rule.api_groups
+    ]
 
 
 def free_port() -> int:

@@ -1,29 +1,39 @@
 """Per-GPU sharing through the whole agent and the kubelet stand-in (real gRPC): one
 node serves whole and time-sliced GPUs under different names, a live change re-lists
 only the resources whose devices changed, a contradictory selection keeps the last good
-config, and a GPU moved while a pod holds it is (knowingly) advertised again."""
+config, and a GPU moved while a pod holds it is held back until the pod ends."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from agent_harness import (
     EXAMPLES,
     GPU,
     AgentLauncher,
     RunningAgent,
     gpus_of,
+    pod_resources_socket,
     serving,
     write_file,
 )
 from conftest import Logged
 from process_harness import run_once
 
-from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 SHARED = "nvidia.com/gpu.shared"
 SMALL = "nvidia.com/gpu.small"
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
+    """The stand-in, serving PodResources where the agents read it."""
+    async with KubeletStandin(plugin_dir, pod_resources_socket(plugin_dir)) as standin:
+        yield standin
 
 
 def per_gpu(shared: str, replicas: int = 4, small: str = '["6", "7"]') -> str:
@@ -97,28 +107,85 @@ async def test_a_gpu_claimed_twice_is_refused_and_the_last_good_layout_keeps_ser
     assert running.served == {GPU: 4, SHARED: 8, SMALL: 16}
 
 
-async def test_a_gpu_moved_while_allocated_is_advertised_again_until_its_pod_ends(
+def health(kubelet: KubeletStandin, resource: str, gpu: str) -> set[bool]:
+    """The health of every device of `resource` on physical GPU `gpu`, as streamed."""
+    return {d.healthy for i, d in kubelet.devices(resource).items() if gpus_of([i]) == {gpu}}
+
+
+async def test_a_gpu_moved_while_allocated_is_held_until_its_pod_ends(
     kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
 ) -> None:
-    """The documented limitation (docs/config.md, "Moving a GPU with pods on it"): the
-    kubelet's checkpoint keeps the pod's replica under gpu.shared, which shrinks; the
-    running pod keeps its device; the GPU is advertised healthy as a whole nvidia.com/gpu
-    at once, so a new pod can be given the same GPU while the old pod still runs."""
+    """The kubelet keeps "old"'s whole GPU under nvidia.com/gpu (PodResources and the
+    checkpoint name it there). When that GPU moves into gpu.shared, its replicas are
+    advertised Unhealthy, so no new pod lands on it while "old" runs; once "old" ends
+    (and the next check runs) they come back healthy and can be allocated."""
     config = tmp_path / "c.yaml"
-    running = await _start(kubelet, launcher, config, per_gpu('["0", "1"]', small="[7]"))
+    running = await _start(kubelet, launcher, config, per_gpu('["1"]', small="[7]"))
     uuid = running.gpu_uuid
-    old = await kubelet.admit("old", {"c": {SHARED: 1}})
-    assert gpus_of(old[0].device_ids) == {uuid(0)}  # the lowest index first
+    old = await kubelet.admit("old", {"c": {GPU: 1}})
+    (moved,) = gpus_of(old[0].device_ids)
+    index = next(g.index for g in running.agent.snapshot.gpus if g.uuid == moved)
 
-    write_file(config, per_gpu('["1"]', small="[7]"))
+    lists = kubelet.updates(SHARED)
+    write_file(config, per_gpu(f'["1", "{index}"]', small="[7]"))
     assert await running.agent.reload()
-    await kubelet.wait_for(lambda k: serving(k, {GPU: 6, SHARED: 4}))
-    assert kubelet.allocations()["old"]["c"] == {SHARED: old[0].device_ids}
-    assert uuid(0) not in gpus_of(kubelet.devices(SHARED))
-    assert uuid(0) in gpus_of(kubelet.devices(GPU))
+    await kubelet.wait_for(lambda k: len(k.devices(SHARED)) == 8 and len(k.devices(GPU)) == 5)
+    assert kubelet.updates(SHARED) == lists + 1
+    assert kubelet.allocations()["old"]["c"] == {GPU: old[0].device_ids}
+    assert health(kubelet, SHARED, moved) == {False}  # from its first list on
+    assert health(kubelet, SHARED, uuid(1)) == {True}
+    assert kubelet.node_status().allocatable[SHARED] == 4
 
-    new = await kubelet.admit("new", {"c": {GPU: 6}})
-    assert uuid(0) in gpus_of(new[0].device_ids)  # shared with "old" until it ends
+    new = await kubelet.admit("new", {"c": {SHARED: 4}})  # every replica of GPU 1
+    assert gpus_of(new[0].device_ids) == {uuid(1)}
+    with pytest.raises(AdmissionError):
+        await kubelet.admit("late", {"c": {SHARED: 1}})  # only the held GPU is left
+
+    await kubelet.release("old")
+    assert running.agent.holds is not None
+    await running.agent.holds.check(running.agent.snapshot, running.agent.resources)
+    await kubelet.wait_for(lambda k: health(k, SHARED, moved) == {True})
+    late = await kubelet.admit("late", {"c": {SHARED: 1}})
+    assert gpus_of(late[0].device_ids) == {moved}
+
+
+async def test_a_config_moving_an_allocated_gpu_at_start_holds_it_from_the_first_list(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    """An agent restarted with a config that moved a GPU still in use: the kubelet
+    streams the new resource's first list with that GPU held, never healthy."""
+    config = tmp_path / "c.yaml"
+    first = await _start(kubelet, launcher, config, per_gpu('["1"]', small="[7]"))
+    old = await kubelet.admit("old", {"c": {GPU: 1}})
+    (moved,) = gpus_of(old[0].device_ids)
+    index = next(g.index for g in first.agent.snapshot.gpus if g.uuid == moved)
+    await first.shutdown()
+
+    write_file(config, per_gpu(f'["1", "{index}"]', small="[7]"))
+    second = await launcher.start("dgx-a100", config=config)
+    await kubelet.wait_for(lambda k: len(k.devices(SHARED)) == 8)
+    assert kubelet.updates(SHARED) == 1
+    assert health(kubelet, SHARED, moved) == {False}
+    assert second.agent.holds is not None
+    assert second.agent.holds.held == {moved}
+
+
+async def test_without_pod_resources_nothing_is_held_and_serving_goes_on(
+    launcher: AgentLauncher, tmp_path: Path, logged: Logged
+) -> None:
+    """A stand-in without the PodResources API: the agent serves as before, says once
+    that it cannot read it, and holds nothing."""
+    async with KubeletStandin(launcher.plugin_dir) as plain:
+        config = tmp_path / "c.yaml"
+        running = await _start(plain, launcher, config, per_gpu('["1"]', small="[7]"))
+        await plain.admit("old", {"c": {GPU: 1}})
+        write_file(config, per_gpu('["0", "1"]', small="[7]"))
+        assert await running.agent.reload()
+        await plain.wait_for(lambda k: serving(k, {GPU: 5, SHARED: 8, SMALL: 8}))
+    assert running.agent.holds is not None
+    assert running.agent.holds.held == frozenset()
+    events = [e["event"] for e in logged]
+    assert events.count("pod_resources_unavailable_keeping_holds") == 1
 
 
 async def test_run_logs_a_warning_for_gpus_this_node_lacks(

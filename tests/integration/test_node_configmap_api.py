@@ -178,6 +178,9 @@ async def test_an_edit_applies_without_restart_and_only_the_changed_resource_get
         kubelet, plugin_dir, tmp_path, hardware="a100-40gb-mig-mixed",
         data={"mig": mig_mixed(2)}, default="mig", expect={GPU: 1, MIG_1G: 4},
     ) as running:  # fmt: skip
+        # Every resource's first list in, so later counts see only the edit's lists.
+        settled = lambda k: len(k.resources()) == 4 and all(k.updates(r) for r in k.resources())  # noqa: E731
+        await kubelet.wait_for(settled, WITHIN_S)
         others = [r for r in kubelet.resources() if r != MIG_1G]
         before = {r: kubelet.updates(r) for r in kubelet.resources()}
         running.edit({"mig": mig_mixed(4)})

@@ -57,7 +57,17 @@ class _RawEvent(Protocol):
     def name(self) -> str: ...
 
 
-_Stamp = tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns
+FileId = tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns
+
+
+def file_id(path: str) -> FileId | None:
+    """Which file is at `path` now (None: none): a re-created file gets a new id, even
+    when its inode number is reused."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _open_inotify() -> InotifyLike:
@@ -91,7 +101,7 @@ class DirWatcher:
         self._use_inotify = use_inotify
         self._factory = inotify_factory
         self._queue: asyncio.Queue[DirEvent | None] = asyncio.Queue()
-        self._seen: dict[str, _Stamp] = {}
+        self._seen: dict[str, FileId] = {}
         self._inotify: InotifyLike | None = None
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
@@ -228,7 +238,7 @@ class DirWatcher:
                 self._queue.put_nowait(DirEvent(name, CREATED))
         self._seen = now
 
-    def _scan(self) -> dict[str, _Stamp]:
+    def _scan(self) -> dict[str, FileId]:
         if self.names is None:
             try:
                 candidates: Iterable[str] = os.listdir(self.path)
@@ -239,12 +249,8 @@ class DirWatcher:
         stamps = {name: self._stat(name) for name in candidates}
         return {name: stamp for name, stamp in stamps.items() if stamp is not None}
 
-    def _stat(self, name: str) -> _Stamp | None:
-        try:
-            st = os.lstat(os.path.join(self.path, name))
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+    def _stat(self, name: str) -> FileId | None:
+        return file_id(os.path.join(self.path, name))
 
     def _wanted(self, name: str) -> bool:
         return bool(name) and (self.names is None or name in self.names)

@@ -240,6 +240,18 @@ FLAGS: tuple[Flag, ...] = (
           kind=DURATION),
     _flag("pod-resources-socket", "GPUSLICE_POD_RESOURCES_SOCKET", None, POD_RESOURCES_SOCKET,
           "the kubelet's PodResources API socket, read for accounting"),
+    _flag("accounting", "GPUSLICE_ACCOUNTING", None, True,
+          "sample per-process GPU use, join it with the kubelet's allocations, and watch "
+          "memory budgets", kind=BOOL),
+    _flag("proc-root", "GPUSLICE_PROC_ROOT", None, "/proc",
+          "where the host's /proc is mounted, read for each GPU process's pod (accounting)"),
+    _flag("memory-budget-policy", "GPUSLICE_MEMORY_BUDGET_POLICY", None, "report",
+          "what to do with a container over its GPU memory budget on a time-sliced replica: "
+          "report, unhealthy (hold its GPU's replicas Unhealthy) or terminate (SIGKILL its "
+          "largest process)", choices=("report", "unhealthy", "terminate")),
+    _flag("memory-budget", "GPUSLICE_MEMORY_BUDGET", None, "",
+          'per-replica memory budgets by resource, "nvidia.com/gpu.shared=10Gi,..." '
+          "(default: the replica's share of its GPU's memory)"),
 )
 # fmt: on
 

@@ -50,6 +50,8 @@ class ContainerUsage:
     utilisation_absent: str  # why utilisation is None ("" when it is not)
     processes: int
     shared_with: tuple[str, ...] = ()  # "namespace/pod/container" it cannot be told from
+    pod_uid: str = ""  # from the kubelet's checkpoint; "" when it has none
+    pids: tuple[int, ...] = ()  # its processes' host PIDs on this GPU, most memory first
 
     @property
     def key(self) -> tuple[str, str, str, str, str]:
@@ -308,6 +310,8 @@ def _container_usage(
         utilisation_absent=absent,
         processes=len(e.procs),
         shared_with=shared_with,
+        pod_uid=a.pod_uid,
+        pids=tuple(p.pid for p in sorted(e.procs, key=lambda p: (-p.memory_bytes, p.pid))),
     )
 
 

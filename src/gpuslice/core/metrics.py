@@ -88,5 +88,8 @@ class NoMetrics:
     def sample_failed(self) -> None:
         pass
 
+    def budget_action(self, gpu: GpuRef, resource: str, policy: str, outcome: str) -> None:
+        pass
+
 
 NO_METRICS = NoMetrics()

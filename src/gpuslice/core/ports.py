@@ -184,6 +184,16 @@ class NodeApi(Protocol):
         ...
 
 
+class PodEvents(Protocol):
+    """Events about a Pod, in the Pod's namespace (the memory-budget watchdog's)."""
+
+    async def record_pod_event(
+        self, namespace: str, pod: str, uid: str, reason: str, message: str, *, warning: bool
+    ) -> None:
+        """A Kubernetes Event on the Pod (best effort: never raises)."""
+        ...
+
+
 class LabelSink(Protocol):
     """Where node labels go: an NFD features.d file or a NodeFeature object."""
 
@@ -238,3 +248,7 @@ class Metrics(Protocol):
         ...
 
     def sample_failed(self) -> None: ...
+
+    def budget_action(self, gpu: GpuRef, resource: str, policy: str, outcome: str) -> None:
+        """The memory-budget watchdog acted on a container over its budget on `gpu`."""
+        ...

@@ -21,7 +21,7 @@ from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.ports import GpuBackend, Metrics
+from gpuslice.core.ports import GpuBackend, Metrics, PodResources
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
@@ -29,6 +29,7 @@ from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.changes import counts, gpus, resource_changes, served
 from gpuslice.services.desired import DesiredSettings
 from gpuslice.services.health_monitor import HealthMonitor
+from gpuslice.services.holds import DeviceHolds
 from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
 
 log = structlog.get_logger("gpuslice.agent")
@@ -56,6 +57,9 @@ class AgentDeps:
     on_rejected: Callable[[str], Awaitable[None]] | None = None
     cdi: CdiSpecs | None = None  # keeps CDI specs in step with what is served
     metrics: Metrics = NO_METRICS  # what /metrics reports; nothing without --status-address
+    # The kubelet's PodResources, to hold back devices still in use under another
+    # resource (services.holds); None: nothing is held.
+    pod_resources: Callable[[], AbstractAsyncContextManager[PodResources]] | None = None
 
 
 class Agent:
@@ -75,6 +79,7 @@ class Agent:
         self._settings: Settings | None = None
         self._snapshot: HardwareSnapshot | None = None
         self._monitor: HealthMonitor | None = None
+        self.holds: DeviceHolds | None = None  # set once run() has PodResources
         self.ready = asyncio.Event()  # set once every resource was served the first time
 
     @property
@@ -131,6 +136,9 @@ class Agent:
                 if self._deps.watch is not None:
                     watch = self._deps.watch(self._deps.plugin_dir, None)
                     events = await stack.enter_async_context(watch)
+                if self._deps.pod_resources is not None:
+                    pods = await stack.enter_async_context(self._deps.pod_resources())
+                    self.holds = DeviceHolds(pods, self._hold_moved)
                 await self._serve_first(generation, settings)
                 self._monitor = HealthMonitor(
                     self._backend,
@@ -157,6 +165,9 @@ class Agent:
                     tasks.append(asyncio.create_task(self._watch_kubelet(events)))
                 if reload is not None:
                     tasks.append(asyncio.create_task(self._reload_loop(reload)))
+                if self.holds is not None:
+                    serving = lambda: (self.snapshot, self.resources)  # noqa: E731
+                    tasks.append(asyncio.create_task(self.holds.run(serving)))
                 try:
                     await _first_of(tasks, stop, self.manager.failed)
                     crashed = _crashed(tasks)
@@ -248,6 +259,8 @@ class Agent:
         resources = build_resources(snapshot, settings.resources)  # raises HardwareError
         for warning in layout_warnings(snapshot.gpus, settings.resources):
             log.warning("hardware_layout_warning", detail=warning)
+        if self.holds is not None:  # before the new lists go out
+            await self.holds.check(snapshot, resources)
         self._settings, self._snapshot = settings, snapshot
         topology = Topology.from_snapshot(snapshot)
         if self._deps.cdi is not None:  # before the kubelet can allocate a new device
@@ -272,6 +285,9 @@ class Agent:
                 for res, handler in self.manager.handlers.items():
                     if handler.resource.socket_name == name:
                         await self.manager.socket_deleted(res)
+
+    def _hold_moved(self, held: frozenset[str]) -> None:
+        self.manager.hold_unhealthy(held, by="moved")
 
     async def on_backend(self, fn: Callable[[GpuBackend], T]) -> T:
         """fn(backend) on the backend worker, as the agent's own calls run (after `ready`)."""

@@ -19,6 +19,8 @@ from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.agent import Agent, AgentDeps
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.labeller import Labeller, snapshot_labels
+from gpuslice.services.sampler import Sampler
+from gpuslice.services.watchdog import Watchdog
 
 log = structlog.get_logger("gpuslice.node")
 
@@ -42,6 +44,8 @@ class NodeDeps:
     # Builds the per-node config manager around the callback that applies a config.
     manager: Callable[[Apply], ConfigManager[Settings]] | None = None
     labels: LabelOptions | None = None
+    # Builds the accounting sampler (and the memory-budget watchdog it feeds) around the agent.
+    accounting: Callable[[Agent], tuple[Sampler, Watchdog | None]] | None = None
 
 
 class Node:
@@ -52,6 +56,10 @@ class Node:
             agent_deps = dataclasses.replace(agent_deps, load_settings=None)
         self.agent = Agent(agent_deps)
         self.labeller = _labeller(self.agent, deps.labels) if deps.labels else None
+        self.sampler: Sampler | None = None
+        self.watchdog: Watchdog | None = None
+        if deps.accounting is not None:
+            self.sampler, self.watchdog = deps.accounting(self.agent)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once every resource is served and registered; details say why not,
@@ -80,6 +88,8 @@ class Node:
                 tasks.create_task(self.agent.run(stop, reload))
                 if self.labeller is not None:
                     tasks.create_task(self._label(stop))
+                if self.sampler is not None:
+                    tasks.create_task(self._sample(stop))
         except* GpusliceError as group:
             failed = group.exceptions[0]  # type: ignore[assignment]
         if failed is not None:  # raised out here: Python before 3.11.4 would wrap it in a group
@@ -94,13 +104,24 @@ class Node:
 
     async def _label(self, stop: asyncio.Event) -> None:
         assert self.labeller is not None
+        if await self._until_ready(stop):
+            await self.labeller.run(stop)
+
+    async def _sample(self, stop: asyncio.Event) -> None:
+        """Accounting beside the agent once it serves; its failures never stop the agent."""
+        assert self.sampler is not None
+        if await self._until_ready(stop):
+            log.info("sampling_started", interval_s=self.sampler.interval_s)
+            await self.sampler.run(stop)
+
+    async def _until_ready(self, stop: asyncio.Event) -> bool:
+        """Wait for the agent to be ready; False when stopped first."""
         waiter = asyncio.create_task(self.agent.ready.wait())
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         stopper.cancel()
-        if not stop.is_set():
-            await self.labeller.run(stop)
+        return not stop.is_set()
 
 
 def _labeller(agent: Agent, opts: LabelOptions) -> Labeller:

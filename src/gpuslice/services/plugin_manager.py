@@ -64,6 +64,9 @@ class PluginManager:
         self._handlers: dict[str, ResourceHandler] = {}
         self._supervisors: dict[str, Supervisor] = {}
         self._unhealthy: frozenset[str] = frozenset()
+        # Held Unhealthy beside health, per holder (the watchdog, moved devices); health
+        # never clears them.
+        self._held: dict[str, frozenset[str]] = {}
         self.failed = asyncio.Event()  # set once a resource's restart budget is spent
         self.error: PluginServerFailed | None = None
 
@@ -104,7 +107,7 @@ class PluginManager:
                     res,
                     opts,
                     topology=topology,
-                    unhealthy=self._unhealthy,
+                    unhealthy=self._merged(),
                     control_devices=self._control,
                 )
                 self._handlers[name] = handler
@@ -121,7 +124,21 @@ class PluginManager:
     def set_unhealthy(self, unhealthy: frozenset[str]) -> list[str]:
         """Mark GPUs unhealthy; returns the resources whose lists changed."""
         self._unhealthy = unhealthy
-        return [n for n, h in self._handlers.items() if h.update(unhealthy=unhealthy)]
+        return self._push_unhealthy()
+
+    def hold_unhealthy(self, held: frozenset[str], *, by: str = "watchdog") -> list[str]:
+        """Hold these GPUs (or MIG devices) Unhealthy beside what health says; each holder
+        (`by`: the memory-budget watchdog, services.holds) replaces only its own set, and
+        the health monitor's updates never clear them."""
+        self._held[by] = held
+        return self._push_unhealthy()
+
+    def _merged(self) -> frozenset[str]:
+        return self._unhealthy.union(*self._held.values())
+
+    def _push_unhealthy(self) -> list[str]:
+        merged = self._merged()
+        return [n for n, h in self._handlers.items() if h.update(unhealthy=merged)]
 
     async def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: new sockets and registrations, all at once,

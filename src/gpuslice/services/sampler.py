@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import structlog
 
@@ -60,12 +61,13 @@ class Sampler:
         on_backend: OnBackend,
         hardware: Callable[[], HardwareSnapshot],
         pod_resources: PodResources,
-        owners: ProcessOwners,
+        owners: ProcessOwners | None,  # None: the backend's own (the simulated one's)
         *,
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         sampled: Callable[[float], None] | None = None,  # e.g. Metrics.sampled
         failed: Callable[[], None] | None = None,  # e.g. Metrics.sample_failed
+        after: Callable[[Attribution], Awaitable[None]] | None = None,  # e.g. Watchdog.check
     ) -> None:
         self._on_backend = on_backend
         self._hardware = hardware
@@ -75,6 +77,7 @@ class Sampler:
         self._clock = clock
         self._sampled = sampled
         self._failed = failed
+        self._after = after
         self.latest: Attribution | None = None
         self.last_success: float | None = None  # wall-clock time of the latest good sample
         self.error: str | None = None  # why the latest sample failed; None after a good one
@@ -82,7 +85,8 @@ class Sampler:
 
     def _read(self, backend: GpuBackend) -> Reading:
         sample = backend.processes()
-        return Reading(sample, dict(self._owners.owners(sample.pids())), self._pods.pod_uids())
+        owners = self._owners if self._owners is not None else cast(ProcessOwners, backend)
+        return Reading(sample, dict(owners.owners(sample.pids())), self._pods.pod_uids())
 
     async def sample_once(self) -> Attribution | None:
         """Take one sample; on failure keep the last attribution and say why."""
@@ -114,6 +118,8 @@ class Sampler:
     async def run(self, stop: asyncio.Event) -> None:
         """Sample every interval until `stop` is set."""
         while not stop.is_set():
-            await self.sample_once()
+            result = await self.sample_once()
+            if result is not None and self._after is not None:
+                await self._after(result)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)

@@ -400,6 +400,10 @@ UPSTREAM = {
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
     "sample-interval": ("GPUSLICE_SAMPLE_INTERVAL", None),
     "pod-resources-socket": ("GPUSLICE_POD_RESOURCES_SOCKET", None),
+    "accounting": ("GPUSLICE_ACCOUNTING", None),
+    "proc-root": ("GPUSLICE_PROC_ROOT", None),
+    "memory-budget-policy": ("GPUSLICE_MEMORY_BUDGET_POLICY", None),
+    "memory-budget": ("GPUSLICE_MEMORY_BUDGET", None),
     "cdi-spec-dir": ("CDI_SPEC_DIR", None),
 }
 

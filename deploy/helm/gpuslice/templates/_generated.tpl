@@ -4,6 +4,9 @@
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}
 
 {{- define "gpuslice.rules.namespace" -}}
@@ -19,9 +22,6 @@
 {{- end }}
 
 {{- define "gpuslice.rules.default" -}}
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
 {{- end }}
 
 {{- define "gpuslice.flagEnv" -}}

@@ -48,6 +48,7 @@ class KubeNodeApi:
         *,
         kubeconfig: str | None = None,
         pod_name: str | None = None,
+        host: str = "",  # the node's name, as the source of Pod events
         watch_timeout_s: int = 240,
         backoff_s: tuple[float, float] = (0.2, 30.0),
     ) -> None:
@@ -59,6 +60,7 @@ class KubeNodeApi:
         )
         self._owns_client = client is None
         self._pod_name = pod_name
+        self._host = host
         self._backoff_s = backoff_s
         self._uids: dict[str, str] = {}
         self._owners: dict[str, list[objects.OwnerRef]] = {}
@@ -141,6 +143,19 @@ class KubeNodeApi:
             )
         except Exception as exc:  # best effort by contract: an Event must never stop the agent
             _log.warning("node_event_failed", node=node, reason=reason, error=str(exc))
+
+    async def record_pod_event(
+        self, namespace: str, pod: str, uid: str, reason: str, message: str, *, warning: bool
+    ) -> None:
+        kind = objects.event_type(warning=warning)
+        try:
+            await self._session.create_pod_event(
+                namespace, pod, uid, reason, message, kind, self._host
+            )
+        except Exception as exc:  # best effort, as Node events
+            _log.warning(
+                "pod_event_failed", pod=f"{namespace}/{pod}", reason=reason, error=str(exc)
+            )
 
     async def _write_node_feature(self, node: str, namespace: str, wanted: dict[str, str]) -> bool:
         from gpuslice.adapters.kube.session import NotFound

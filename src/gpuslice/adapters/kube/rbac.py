@@ -48,8 +48,9 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule(("",), ("nodes",), ("get", "watch"), Scope.CLUSTER,
          "read and follow the node's labels (per-node configs); the Node's uid for its Events"),
-    Rule(("",), ("events",), ("create",), Scope.DEFAULT,
-         "Events on the Node (a rejected config: ConfigRejected)"),
+    Rule(("",), ("events",), ("create",), Scope.CLUSTER,
+         "Events on the Node (in default: a rejected config) and on Pods over their GPU "
+         "memory budget (in each Pod's namespace)"),
     Rule((objects.NFD_GROUP,), (objects.NODE_FEATURE_PLURAL,), ("get", "create", "update"),
          Scope.NAMESPACE, "publish the node labels as a NodeFeature (labels on, NodeFeature API)"),
     Rule(("",), ("pods",), ("get",), Scope.NAMESPACE,

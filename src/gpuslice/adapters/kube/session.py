@@ -197,6 +197,28 @@ class ApiSession:
         with self._errors(f"record event {reason} on node {node}"):
             await self._client.create(event)
 
+    async def create_pod_event(
+        self, namespace: str, pod: str, uid: str, reason: str, message: str, kind: str, host: str
+    ) -> None:
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{pod}.", namespace=namespace),
+            involvedObject=ObjectReference(
+                apiVersion="v1", kind="Pod", name=pod, namespace=namespace, uid=uid or None
+            ),
+            reason=reason,
+            message=message,
+            type=kind,
+            count=1,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            source=EventSource(component=objects.COMPONENT, host=host or None),
+            reportingComponent=objects.COMPONENT,
+            reportingInstance=host or objects.COMPONENT,
+        )
+        with self._errors(f"record event {reason} on pod {namespace}/{pod}"):
+            await self._client.create(event)
+
     async def aclose(self) -> None:
         await self._client.close()
 

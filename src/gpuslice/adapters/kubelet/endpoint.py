@@ -8,23 +8,11 @@ since gone. The server's own crash watch (down / wait_down) is passed through.
 
 from __future__ import annotations
 
-import os
-
+from gpuslice.adapters.fswatch import FileId, file_id
 from gpuslice.adapters.kubelet.registration import RegistrationError
 from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginHandler
-
-_Stamp = tuple[int, int, int]
-
-
-def stamp(path: str) -> _Stamp | None:
-    """Which file is at `path` now: a re-created file gets a new stamp."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class KubeletEndpoint:
@@ -34,7 +22,7 @@ class KubeletEndpoint:
     def __init__(self, server: DevicePluginServer, kubelet_socket: str) -> None:
         self.server = server
         self._kubelet_socket = kubelet_socket
-        self._kubelet: _Stamp | None = None  # kubelet.sock our registration went to
+        self._kubelet: FileId | None = None  # kubelet.sock our registration went to
 
     @classmethod
     def create(
@@ -54,7 +42,7 @@ class KubeletEndpoint:
         if not self._kubelet_socket:
             return
         self._kubelet = None
-        kubelet = stamp(self._kubelet_socket)
+        kubelet = file_id(self._kubelet_socket)
         if kubelet is None:
             # Fail at once rather than block: kubelet.sock appearing is watched for.
             raise RegistrationError(
@@ -73,7 +61,7 @@ class KubeletEndpoint:
     def current(self) -> bool:
         if not self.server.socket_present():
             return False
-        return not self._kubelet_socket or self._kubelet == stamp(self._kubelet_socket)
+        return not self._kubelet_socket or self._kubelet == file_id(self._kubelet_socket)
 
     def down(self) -> str | None:
         return self.server.down()

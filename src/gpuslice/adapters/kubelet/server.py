@@ -18,6 +18,7 @@ import stat
 import grpc
 import structlog
 
+from gpuslice.adapters.fswatch import FileId, file_id
 from gpuslice.adapters.kubelet.api import pb_grpc, unix_target
 from gpuslice.adapters.kubelet.registration import register
 from gpuslice.adapters.kubelet.servicer import DevicePluginServicer
@@ -57,7 +58,7 @@ class DevicePluginServer:
         self.socket_path = os.path.join(plugin_dir, self.socket_name)
         self._server: grpc.aio.Server | None = None
         self._servicer: DevicePluginServicer | None = None
-        self._bound: _Identity | None = None  # the socket file we created
+        self._bound: FileId | None = None  # the socket file we created
         self._watch: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._down_reason = ""
@@ -93,7 +94,7 @@ class DevicePluginServer:
             raise ServerError(reason) from None
         await server.start()
         self._server, self._servicer = server, servicer
-        self._bound = _identity(self.socket_path)
+        self._bound = file_id(self.socket_path)
         self._watch = asyncio.create_task(self._watch_termination(server))
         _log.info("plugin_serving", resource=self.resource_name, socket=self.socket_path)
 
@@ -110,7 +111,7 @@ class DevicePluginServer:
         """True while we serve and the socket file we bound is still in place."""
         if self._down.is_set():
             return False
-        return self._bound is not None and _identity(self.socket_path) == self._bound
+        return self._bound is not None and file_id(self.socket_path) == self._bound
 
     def down(self) -> str | None:
         """Why the server stopped serving on its own since start(), or None."""
@@ -145,7 +146,7 @@ class DevicePluginServer:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch  # ends with the server, reporting nothing
-        if self._bound is not None and _identity(self.socket_path) == self._bound:
+        if self._bound is not None and file_id(self.socket_path) == self._bound:
             try:
                 _unlink(self.socket_path)
             except OSError as exc:  # stopping must not fail: the next start says why
@@ -162,18 +163,6 @@ def _shutting_down(server: grpc.aio.Server) -> bool:
     core = getattr(server, "_server", None)
     is_running = getattr(core, "is_running", None)
     return callable(is_running) and not is_running()
-
-
-_Identity = tuple[int, int, int]
-
-
-def _identity(path: str) -> _Identity | None:
-    """Which file is at `path`: an inode number alone may be reused by the next file."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _accepts_connections(path: str) -> bool:

@@ -89,6 +89,13 @@ class PrometheusMetrics:
         self._sample_failures = Counter(
             "gpuslice_sample_failures_total", "Per-process samples that failed.", registry=r
         )
+        self._budget_actions = Counter(
+            "gpuslice_memory_budget_actions_total",
+            "Containers over their GPU memory budget acted on, by policy (report, unhealthy, "
+            "terminate) and outcome (reported, held, killed, gone, failed).",
+            ["gpu", "UUID", "modelName", "hostname", "resource", "policy", "outcome"],
+            registry=r,
+        )
 
     def add(self, collector: Collector) -> None:
         """Register a collector read at each scrape (node state, accounting)."""
@@ -135,6 +142,9 @@ class PrometheusMetrics:
 
     def sample_failed(self) -> None:
         self._sample_failures.inc()
+
+    def budget_action(self, gpu: GpuRef, resource: str, policy: str, outcome: str) -> None:
+        self._budget_actions.labels(*self._gpu(gpu), resource, policy, outcome).inc()
 
     def _gpu(self, gpu: GpuRef) -> list[str]:
         return gpu_values(gpu.index, gpu.uuid, gpu.model_name, self.hostname)

@@ -1,0 +1,102 @@
+"""The memory-budget watchdog: fed each accounting sample, it acts on containers over
+their budget as the policy says (core.watchdog), logs each action, records an Event on
+the Pod and counts it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from gpuslice.core.attribution import MIB, Attribution, ContainerUsage
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.metrics import GpuRef
+from gpuslice.core.ports import Metrics, PodEvents
+from gpuslice.core.watchdog import Breach, Key, Policy, budgets, decide
+
+log = structlog.get_logger("gpuslice.watchdog")
+
+REASON = "GPUMemoryOverBudget"
+
+
+class Watchdog:
+    def __init__(
+        self,
+        policy: Policy,
+        overrides: Mapping[str, int],
+        hardware: Callable[[], HardwareSnapshot],
+        *,
+        hold: Callable[[frozenset[str]], object],  # PluginManager.hold_unhealthy
+        kill: Callable[[int], None],  # SIGKILL a host PID
+        events: PodEvents | None,
+        metrics: Metrics,
+    ) -> None:
+        self.policy = policy
+        self._overrides = dict(overrides)
+        self._hardware = hardware
+        self._hold = hold
+        self._kill = kill
+        self._events = events
+        self._metrics = metrics
+        self._over: frozenset[Key] = frozenset()
+        self._held: frozenset[str] = frozenset()
+        self.latest: list[tuple[ContainerUsage, int]] = []  # (container, budget) of the last sample
+        self.actions = 0
+
+    async def check(self, result: Attribution) -> None:
+        """Act on one sample's containers over budget."""
+        self.latest = budgets(self._hardware(), result.containers, self._overrides)
+        decision = decide(self.policy, self.latest, self._over)
+        self._over = decision.over
+        if decision.held != self._held:
+            self._held = decision.held
+            self._hold(decision.held)
+            log.info("memory_budget_hold", gpus=sorted(decision.held))
+        for breach in decision.act:
+            await self._act(breach)
+
+    async def _act(self, breach: Breach) -> None:
+        u = breach.usage
+        outcome, done = {
+            Policy.REPORT: ("reported", "reported"),
+            Policy.UNHEALTHY: ("held", f"every replica of GPU {u.gpu_index} marked Unhealthy"),
+        }.get(self.policy, ("", ""))
+        if self.policy is Policy.TERMINATE:
+            outcome, done = self._terminate(u)
+            if outcome == "gone":  # killed at an earlier sample and still listed: said then
+                log.info("memory_budget_process_gone", pod=f"{u.namespace}/{u.pod}", detail=done)
+                return
+        log.warning(
+            "memory_budget_exceeded",
+            namespace=u.namespace,
+            pod=u.pod,
+            container=u.container,
+            resource=u.resource,
+            gpu=u.gpu_index,
+            used_mib=u.memory_used_bytes // MIB,
+            budget_mib=breach.budget_bytes // MIB,
+            policy=self.policy.value,
+            outcome=outcome,
+        )
+        self.actions += 1
+        self._metrics.budget_action(
+            GpuRef(u.gpu_index, u.gpu_uuid, u.model_name), u.resource, self.policy.value, outcome
+        )
+        if self._events is not None:
+            await self._events.record_pod_event(
+                u.namespace, u.pod, u.pod_uid, REASON, f"{breach.message}: {done}", warning=True
+            )
+
+    def _terminate(self, u: ContainerUsage) -> tuple[str, str]:
+        """SIGKILL its process using the most memory."""
+        if not u.pids:
+            return "gone", "no process left to kill"
+        pid = u.pids[0]
+        try:
+            self._kill(pid)
+        except ProcessLookupError:
+            return "gone", f"process {pid} had already exited"
+        except OSError as exc:
+            log.error("memory_budget_kill_failed", pid=pid, error=str(exc))
+            return "failed", f"process {pid} could not be killed: {exc.strerror or exc}"
+        return "killed", f"process {pid} killed (SIGKILL)"
