@@ -147,12 +147,18 @@ def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> 
     assert context["readOnlyRootFilesystem"] is True
     assert "privileged" not in context
     pod = the(rendered(name), "DaemonSet")["spec"]["template"]["spec"]
-    assert not {"hostPID", "hostNetwork", "hostIPC"} & set(pod)
+    assert not {"hostNetwork", "hostIPC"} & set(pod)
+    # Only the watchdog's terminate policy signals host PIDs.
+    terminate = env(rendered(name)).get("GPUSLICE_MEMORY_BUDGET_POLICY") == "terminate"
+    assert pod.get("hostPID", False) is terminate
 
 
-def test_by_default_only_the_kubelets_device_plugin_directory_is_mounted() -> None:
+def test_by_default_only_the_kubelets_directories_and_proc_read_only_are_mounted() -> None:
     assert host_paths(rendered("defaults")) == {
-        DEVICE_PLUGINS: (DEVICE_PLUGINS, "Directory", False)
+        DEVICE_PLUGINS: (DEVICE_PLUGINS, "Directory", False),
+        # accounting: the PodResources socket and each GPU process's cgroup
+        "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", "Directory", True),
+        "/proc": ("/host/proc", "Directory", True),
     }
     assert posixpath.dirname(FLAGS_BY_NAME["kubelet-socket"].default_text) == DEVICE_PLUGINS
 

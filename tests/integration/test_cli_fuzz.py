@@ -42,7 +42,7 @@ FREE_FORM = {
     "--nvidia-cdi-hook-path", "--driver-root-ctr-path", "--output-file",
     "--machine-type-file", "--kubelet-socket", "--cdi-feature-flags", "--cdi-disable-hooks",
     "--cdi-spec-dir", "--node-name", "--node-label", "--default-config", "--namespace",
-    "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket",
+    "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket", "--proc-root",
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs, no fallbacks.

@@ -239,7 +239,8 @@ FLAGS: tuple[Flag, ...] = (
           'time between per-process GPU samples for accounting ("10s", "500ms")',
           kind=DURATION),
     _flag("pod-resources-socket", "GPUSLICE_POD_RESOURCES_SOCKET", None, POD_RESOURCES_SOCKET,
-          "the kubelet's PodResources API socket, read for accounting"),
+          "the kubelet's PodResources API socket, read for accounting and to hold back "
+          "devices moved while in use"),
     _flag("accounting", "GPUSLICE_ACCOUNTING", None, True,
           "sample per-process GPU use, join it with the kubelet's allocations, and watch "
           "memory budgets", kind=BOOL),

@@ -52,6 +52,13 @@ agent follows it live; otherwise a config.default is DEFAULT_CONFIG in the pod t
 {{- if kindIs "slice" . }}{{ join "," . }}{{ else }}{{ toString . }}{{ end }}
 {{- end }}
 
+{{/* memoryBudget.budgets as GPUSLICE_MEMORY_BUDGET: "resource=size,..." in key order. */}}
+{{- define "gpuslice.budgets" -}}
+{{- $out := list }}
+{{- range $resource, $size := . }}{{ $out = append $out (printf "%s=%s" $resource $size) }}{{ end }}
+{{- join "," $out }}
+{{- end }}
+
 {{/* "true" when a CDI spec directory is needed: deviceListStrategy, or an inline config,
 names a cdi-* strategy. */}}
 {{- define "gpuslice.cdi" -}}
