@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from gpuslice.adapters.fake.processes import ProcessExit, SimProcess, parse_process
+from gpuslice.adapters.fake.processes import ProcessExit, SimProcess, find_gpu, parse_process
 from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 
 EVENT_KEYS = frozenset({"gpu", "xid", "lost", "recovered", "mig"})
@@ -79,7 +79,7 @@ def parse_event(
     unknown = sorted(set(data) - EVENT_KEYS)
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(EVENT_KEYS))})")
-    gpu = _gpu(data.get("gpu"), snapshot)
+    gpu = find_gpu(data.get("gpu"), snapshot)
     kinds = [k for k in KINDS if k in data]
     if len(kinds) != 1:
         raise ValueError('needs exactly one of "xid", "lost": true, "recovered": true')
@@ -92,18 +92,6 @@ def parse_event(
     if isinstance(xid, bool) or not isinstance(xid, int) or xid <= 0:
         raise ValueError(f'"xid" must be a positive integer, got {xid!r}')
     return HealthEvent(gpu_uuid=gpu.uuid, kind="xid", xid=xid, detail=_mig_detail(data, gpu))
-
-
-def _gpu(ref: object, snapshot: HardwareSnapshot) -> Gpu:
-    if isinstance(ref, int) and not isinstance(ref, bool):
-        found = next((g for g in snapshot.gpus if g.index == ref), None)
-    elif isinstance(ref, str):
-        found = snapshot.gpu_by_uuid(ref)
-    else:
-        raise ValueError('"gpu" must be a GPU index or a GPU UUID')
-    if found is None:
-        raise ValueError(f"no GPU {ref!r} on this node")
-    return found
 
 
 def _mig_detail(data: dict[str, object], gpu: Gpu) -> str:

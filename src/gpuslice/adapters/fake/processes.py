@@ -45,7 +45,7 @@ def parse_process(data: Mapping[str, object], snapshot: HardwareSnapshot) -> Sim
         allowed = ", ".join(sorted(PROCESS_KEYS))
         raise ValueError(f"process: unknown key {unknown[0]!r} (allowed: {allowed})")
     pid = _count(data, "pid", minimum=1)
-    gpu = _gpu(data.get("gpu"), snapshot)
+    gpu = find_gpu(data.get("gpu"), snapshot, "process: ")
     device = gpu.uuid
     if "mig" in data:
         mig = next((m for m in gpu.mig_devices if m.index == data["mig"]), None)
@@ -73,15 +73,17 @@ def _count(
     return value
 
 
-def _gpu(ref: object, snapshot: HardwareSnapshot) -> Gpu:
+def find_gpu(ref: object, snapshot: HardwareSnapshot, context: str = "") -> Gpu:
+    """The GPU an events-file line names by index or UUID; ValueError (prefixed with
+    `context`) when it names none of this node's."""
     if isinstance(ref, int) and not isinstance(ref, bool):
         found = next((g for g in snapshot.gpus if g.index == ref), None)
     elif isinstance(ref, str):
         found = snapshot.gpu_by_uuid(ref)
     else:
-        raise ValueError('process: "gpu" must be a GPU index or a GPU UUID')
+        raise ValueError(f'{context}"gpu" must be a GPU index or a GPU UUID')
     if found is None:
-        raise ValueError(f"process: no GPU {ref!r} on this node")
+        raise ValueError(f"{context}no GPU {ref!r} on this node")
     return found
 
 

@@ -7,37 +7,25 @@ saying why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from gpuslice.adapters.metrics.labels import CONTAINER, GPU, gpu_values
+from gpuslice.adapters.metrics.scrape import ScrapeCollector
 from gpuslice.core.attribution import Attribution
 
-log = structlog.get_logger("gpuslice.metrics")
 CONTAINER_UTIL = "gpuslice_container_gpu_utilization_ratio"
 GPU_UTIL = "gpuslice_gpu_utilization_ratio"
 
 
-class AccountingCollector(Collector):
+class AccountingCollector(ScrapeCollector[Attribution | None]):
     """`read` returns the latest result (None before the first sample: no series)."""
 
-    def __init__(self, read: Callable[[], Attribution | None], hostname: str = "") -> None:
-        self._read = read
-        self._hostname = hostname
+    event = "metrics_accounting_failed"
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(())  # nothing read at registration: the series come at scrape time
-
-    def collect(self) -> Iterator[Metric]:
-        try:
-            result = self._read()
-        except Exception as exc:  # a scrape never fails for it: its series are left out
-            log.error("metrics_accounting_failed", error=repr(exc))
-            return
+    def render(self, result: Attribution | None) -> Iterator[Metric]:
         if result is None:
             return
         unsupported = _family(

@@ -3,33 +3,20 @@ advertises and whether it is registered, each GPU's health and memory, the confi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from gpuslice.adapters.metrics.labels import GPU, gpu_values
+from gpuslice.adapters.metrics.scrape import ScrapeCollector
 from gpuslice.core.metrics import NodeState
 
-log = structlog.get_logger("gpuslice.metrics")
 
+class NodeStateCollector(ScrapeCollector[NodeState]):
+    event = "metrics_node_state_failed"
 
-class NodeStateCollector(Collector):
-    def __init__(self, read: Callable[[], NodeState], hostname: str = "") -> None:
-        self._read = read
-        self._hostname = hostname
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())  # nothing read at registration: the series come at scrape time
-
-    def collect(self) -> Iterator[Metric]:
-        try:
-            state = self._read()
-        except Exception as exc:  # a scrape never fails for it: its series are left out
-            log.error("metrics_node_state_failed", error=repr(exc))
-            return
+    def render(self, state: NodeState) -> Iterator[Metric]:
         yield from self._resources(state)
         yield from self._gpus(state)
         info = GaugeMetricFamily(

@@ -1,0 +1,119 @@
+"""One MPS control daemon: started with `-d` in its own pipe and log directories,
+driven by piping commands to `<binary>` (as upstream does), watched through the pid
+file it writes in its pipe directory, and stopped with `quit`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Sequence
+
+from gpuslice.core.errors import GpusliceError
+from gpuslice.core.mps import DaemonPlan
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+COMMAND_TIMEOUT_S = 10.0
+
+
+class MpsError(GpusliceError):
+    """The control daemon could not be started or did not answer."""
+
+
+class ControlDaemon:
+    def __init__(self, plan: DaemonPlan, binary: Sequence[str]) -> None:
+        self.plan = plan
+        self._binary = tuple(binary)
+        self._env = {**os.environ, **plan.env}
+
+    def prepare_dirs(self) -> None:
+        """Pipe and log directories (0755, traversable by any UID) and the shared-memory
+        directory (1777, as /dev/shm) of this resource."""
+        for path in (self.plan.pipe_dir, self.plan.log_dir, self.plan.shm_dir):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        os.chmod(self.plan.pipe_dir, 0o755)  # noqa: S103 - clients of any UID
+        os.chmod(self.plan.shm_dir, 0o1777)  # noqa: S103 - as /dev/shm
+
+    async def start(self) -> None:
+        """Start the daemon and set its limits; raises MpsError unless it answers them."""
+        self.prepare_dirs()
+        if self.pid() is not None:  # ours from before, or a stray one: replaced
+            await self.quit()
+        code, out = await self._run(["-d"], "")
+        if code != 0:
+            raise MpsError(f"{self._name} -d exited with status {code}: {out.strip()}")
+        await self.send(self.plan.set_commands())
+        pinned = [
+            await self.send([f"get_default_device_pinned_mem_limit {i}"])
+            for i in range(len(self.plan.gpu_uuids))
+        ]
+        wrong = self.plan.mismatches(
+            pinned, await self.send(["get_default_active_thread_percentage"])
+        )
+        if wrong:
+            raise MpsError(
+                f"the MPS daemon of {self.plan.resource} kept other limits: {'; '.join(wrong)}"
+            )
+
+    async def send(self, commands: Sequence[str]) -> str:
+        """Pipe `commands` to the daemon; its answer. Raises MpsError."""
+        code, out = await self._run([], "".join(f"{c}\n" for c in commands))
+        if code != 0:
+            raise MpsError(f"{self._name} {commands[0]!r} exited with status {code}: {out.strip()}")
+        return out.strip()
+
+    async def quit(self) -> None:
+        """Stop the daemon (nothing when none runs)."""
+        if self.pid() is not None:
+            with contextlib.suppress(MpsError):
+                await self.send(["quit"])
+
+    def pid(self) -> int | None:
+        """The daemon's pid while it runs."""
+        try:
+            with open(os.path.join(self.plan.pipe_dir, PID_FILE), encoding="ascii") as f:
+                pid = int(f.read().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid
+
+    async def exited(self) -> None:
+        """Return once the running daemon exits (at once when none runs)."""
+        pid = self.pid()
+        if pid is None:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        loop, gone = asyncio.get_running_loop(), asyncio.Event()
+        loop.add_reader(fd, gone.set)
+        try:
+            await gone.wait()
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        with contextlib.suppress(ChildProcessError):  # reaped here when it is our child
+            os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
+
+    @property
+    def _name(self) -> str:
+        return os.path.basename(self._binary[-1])
+
+    async def _run(self, args: list[str], stdin: str) -> tuple[int, str]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._binary, *args,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env=self._env,
+            )  # fmt: skip
+        except OSError as exc:
+            raise MpsError(f"cannot run {' '.join(self._binary)}: {exc.strerror}") from None
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(stdin.encode()), COMMAND_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise MpsError(f"{self._name} did not answer within {COMMAND_TIMEOUT_S:g}s") from None
+        return proc.returncode or 0, out.decode(errors="replace")
