@@ -8,6 +8,7 @@ import dataclasses
 import os
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
@@ -41,6 +42,7 @@ from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, EntrySource
 from gpuslice.services.labeller import NodeFeatureSink
+from gpuslice.services.mps import MpsDaemons
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_state import node_state
 from gpuslice.services.resource_handler import ResourceHandler
@@ -182,6 +184,21 @@ def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
         cdi=cdi_specs(opts, control),
         metrics=metrics,
         pod_resources=lambda: _held_back_by(opts),
+        mps=mps_daemons(opts),
+    )
+
+
+def mps_daemons(opts: RunOptions) -> MpsDaemons:
+    """MPS control daemons (started only for MPS resources); the simulated control
+    binary on simulated hardware unless --mps-control-binary names one."""
+    binary = [opts.get("mps-control-binary")]
+    if opts.fake_hardware and binary[0] == FLAGS_BY_NAME["mps-control-binary"].default:
+        binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
+    from gpuslice.adapters.mps import ControlDaemon
+
+    return MpsDaemons(
+        lambda plan: ControlDaemon(plan, binary),
+        pinned_limit_mib=int(opts.get("mps-pinned-memory-limit") or 0),
     )
 
 

@@ -153,12 +153,14 @@ def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> 
     assert pod.get("hostPID", False) is terminate
 
 
-def test_by_default_only_the_kubelets_directories_and_proc_read_only_are_mounted() -> None:
+def test_by_default_only_the_kubelets_directories_proc_and_the_mps_root_are_mounted() -> None:
     assert host_paths(rendered("defaults")) == {
         DEVICE_PLUGINS: (DEVICE_PLUGINS, "Directory", False),
         # accounting: the PodResources socket and each GPU process's cgroup
         "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", "Directory", True),
         "/proc": ("/host/proc", "Directory", True),
+        # MPS: the control daemons' directories, at the path Allocate hands to MPS clients
+        "/run/nvidia/mps": ("/run/nvidia/mps", "DirectoryOrCreate", False),
     }
     assert posixpath.dirname(FLAGS_BY_NAME["kubelet-socket"].default_text) == DEVICE_PLUGINS
 

@@ -138,12 +138,13 @@ async def test_numa_topology_follows_the_profile(
 
 
 async def test_mps_allocation_points_the_container_at_the_daemon(
-    kubelet: KubeletStandin, launcher: AgentLauncher
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
 ) -> None:
     """examples/mps.yaml: 4 MPS replicas per GPU; an admitted container gets the MPS
     pipe directory env and the pipe and shm mounts under mpsRoot, and a container
     asking for two replicas is refused (MPS default)."""
-    running = await launcher.start("t4x4", config=EXAMPLES / "mps.yaml")
+    root = str(tmp_path / "mps")  # the daemons' directories go here, not to the host's /run
+    running = await launcher.start("t4x4", config=EXAMPLES / "mps.yaml", env={"MPS_ROOT": root})
     await running.registered(kubelet)
     assert running.served == {GPU: 16}
 
@@ -152,8 +153,9 @@ async def test_mps_allocation_points_the_container_at_the_daemon(
     assert alloc.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
     assert alloc.envs["NVIDIA_VISIBLE_DEVICES"] == gpus_of(admitted.device_ids).pop()
     assert set(alloc.mounts) == {
-        Mount("/mps/nvidia.com/gpu/pipe", "/run/nvidia/mps/nvidia.com/gpu/pipe"),
-        Mount("/dev/shm", "/run/nvidia/mps/shm"),
+        Mount("/mps/nvidia.com/gpu/pipe", f"{root}/nvidia.com/gpu/pipe"),
+        Mount("/mps/nvidia.com/gpu/log", f"{root}/nvidia.com/gpu/log"),
+        Mount("/dev/shm", f"{root}/nvidia.com/gpu/shm"),
     }
     with pytest.raises(AdmissionError) as refused:
         await kubelet.admit("greedy", {"main": {GPU: 2}})
@@ -162,15 +164,14 @@ async def test_mps_allocation_points_the_container_at_the_daemon(
 
 
 async def test_mps_root_from_env_overrides_the_file(
-    kubelet: KubeletStandin, launcher: AgentLauncher
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
 ) -> None:
     """MPS_ROOT in the environment beats flags.mpsRoot in the file."""
-    running = await launcher.start(
-        "t4x4", config=EXAMPLES / "mps.yaml", env={"MPS_ROOT": "/srv/mps"}
-    )
+    root = str(tmp_path / "srv-mps")
+    running = await launcher.start("t4x4", config=EXAMPLES / "mps.yaml", env={"MPS_ROOT": root})
     await running.registered(kubelet)
     (admitted,) = await kubelet.admit("mps-pod", {"main": {GPU: 1}})
-    assert Mount("/dev/shm", "/srv/mps/shm") in admitted.allocation.mounts
+    assert Mount("/dev/shm", f"{root}/nvidia.com/gpu/shm") in admitted.allocation.mounts
 
 
 async def test_a_mig_enabled_gpu_without_mig_devices_is_served_around_with_a_warning(

@@ -43,12 +43,15 @@ FREE_FORM = {
     "--machine-type-file", "--kubelet-socket", "--cdi-feature-flags", "--cdi-disable-hooks",
     "--cdi-spec-dir", "--node-name", "--node-label", "--default-config", "--namespace",
     "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket", "--proc-root",
+    "--mps-control-binary",  # run only under sharing.mps; a bad one holds MPS replicas back
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
-# no IMEX channels, no per-node configs, no fallbacks.
+# no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no
+# per-resource memory budgets (the replica's share).
 EMPTY_OK = {
     "--config-file", "--kubeconfig", "--status-address", "--fake-hardware",
-    "--imex-channel-ids", "--config-file-srcdir", "--fallback-strategies",
+    "--imex-channel-ids", "--config-file-srcdir", "--fallback-strategies", "--config-map",
+    "--memory-budget",
 }  # fmt: skip
 # A directory is a mounted ConfigMap: what is in it decides (an empty one is refused in
 # one line that says so).

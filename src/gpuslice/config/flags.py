@@ -121,6 +121,12 @@ FLAGS: tuple[Flag, ...] = (
     _flag("mps-root", "MPS_ROOT", "flags.mpsRoot", "",
           "host directory of the MPS control daemons' pipes and logs",
           uses="run inspect", accepts="labels"),
+    _flag("mps-control-binary", "GPUSLICE_MPS_CONTROL_BINARY", None, "nvidia-cuda-mps-control",
+          "the MPS control binary the agent starts a daemon per MPS resource with (default "
+          "with --fake-hardware: the simulated one)"),
+    _flag("mps-pinned-memory-limit", "GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None, 0,
+          "pinned device memory limit of each MPS client in MiB (0: the GPU's memory "
+          "divided by its replicas, as upstream)", kind=COUNT),
     _flag("driver-root", "NVIDIA_DRIVER_ROOT", "flags.nvidiaDriverRoot", "/",
           "root of the NVIDIA driver installation on the host", aliases=("--nvidia-driver-root",),
           uses="run", accepts="labels"),

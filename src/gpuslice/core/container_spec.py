@@ -88,10 +88,13 @@ def container_allocation(
         if CDI_CRI in strategies:
             cdi = names
     if resource.sharing == MPS and opts.mps_root:
-        pipe = f"/mps/{resource.name}/pipe"
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
-        mounts.append(Mount(pipe, posixpath.join(opts.mps_root, resource.name, "pipe")))
-        mounts.append(Mount("/dev/shm", posixpath.join(opts.mps_root, "shm")))
+        # Upstream's container paths; the host directories are this resource's daemon's,
+        # and /dev/shm is a directory private to the resource, not one node-wide tmpfs.
+        host = posixpath.join(opts.mps_root, resource.name)
+        for name, env in (("pipe", "CUDA_MPS_PIPE_DIRECTORY"), ("log", "CUDA_MPS_LOG_DIRECTORY")):
+            envs[env] = f"/mps/{resource.name}/{name}"
+            mounts.append(Mount(envs[env], posixpath.join(host, name)))
+        mounts.append(Mount("/dev/shm", posixpath.join(host, "shm")))
     for extra in _extras(opts):
         envs[f"NVIDIA_{extra.upper()}"] = "enabled"
     specs: tuple[DeviceSpec, ...] = ()

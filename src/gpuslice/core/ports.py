@@ -9,6 +9,7 @@ from typing import Protocol
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import GpuRef
+from gpuslice.core.mps import DaemonPlan
 from gpuslice.core.resources import AdvertisedDevice
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices, ProcessOwner, ProcessSample
@@ -251,4 +252,27 @@ class Metrics(Protocol):
 
     def budget_action(self, gpu: GpuRef, resource: str, policy: str, outcome: str) -> None:
         """The memory-budget watchdog acted on a container over its budget on `gpu`."""
+        ...
+
+
+class MpsError(GpusliceError):
+    """An MPS control daemon could not be started or did not answer."""
+
+
+class MpsControl(Protocol):
+    """One MPS control daemon (adapters.mps.ControlDaemon)."""
+
+    @property
+    def plan(self) -> DaemonPlan: ...
+
+    async def start(self) -> None:
+        """Start it and set its limits; MpsError unless it answers them."""
+        ...
+
+    async def quit(self) -> None: ...
+
+    def pid(self) -> int | None: ...
+
+    async def exited(self) -> None:
+        """Return once it exits."""
         ...

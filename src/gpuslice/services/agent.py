@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
@@ -25,11 +25,13 @@ from gpuslice.core.ports import GpuBackend, Metrics, PodResources
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
+from gpuslice.core.waiting import unless_stopped
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.changes import counts, gpus, resource_changes, served
 from gpuslice.services.desired import DesiredSettings
 from gpuslice.services.health_monitor import HealthMonitor
 from gpuslice.services.holds import DeviceHolds
+from gpuslice.services.mps import MpsDaemons
 from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
 
 log = structlog.get_logger("gpuslice.agent")
@@ -60,6 +62,7 @@ class AgentDeps:
     # The kubelet's PodResources, to hold back devices still in use under another
     # resource (services.holds); None: nothing is held.
     pod_resources: Callable[[], AbstractAsyncContextManager[PodResources]] | None = None
+    mps: MpsDaemons | None = None  # control daemons of MPS resources (sharing.mps only)
 
 
 class Agent:
@@ -112,11 +115,11 @@ class Agent:
         """
         if self._deps.load_settings is not None:
             self.desired.put(self._deps.load_settings())
-        first = await _unless_stopped(self.desired.newer_than(0), stop)
+        first = await unless_stopped(self.desired.newer_than(0), stop)
         if first is None:
             self._pool.shutdown(wait=True)
             return
-        generation, settings = first
+        generation, settings = first.result()
         for warning in settings.warnings:
             log.warning("config_warning", config=settings.shown, detail=warning)
         try:
@@ -181,6 +184,8 @@ class Agent:
                     raise self.manager.error
         finally:
             await self.manager.stop()
+            if self._deps.mps is not None:
+                await self._deps.mps.close()
             if self._deps.cdi is not None:
                 await self._deps.cdi.close()
             backend = self._backend
@@ -257,6 +262,8 @@ class Agent:
         assert self._backend is not None
         snapshot = await self._call(self._backend.snapshot)
         resources = build_resources(snapshot, settings.resources)  # raises HardwareError
+        mps, root = self._deps.mps, settings.allocate.mps_root
+        daemons = mps.plan(snapshot, resources, root) if mps else ()  # raises HardwareError
         for warning in layout_warnings(snapshot.gpus, settings.resources):
             log.warning("hardware_layout_warning", detail=warning)
         if self.holds is not None:  # before the new lists go out
@@ -265,6 +272,8 @@ class Agent:
         topology = Topology.from_snapshot(snapshot)
         if self._deps.cdi is not None:  # before the kubelet can allocate a new device
             await self._deps.cdi.apply(resources, settings.allocate)
+        if mps is not None:  # an MPS resource is served only while its daemon answers
+            await mps.apply(daemons, self.manager.hold_unhealthy)
         await self.manager.apply(resources, settings.allocate, topology)
         if not resources:
             log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
@@ -298,21 +307,6 @@ class Agent:
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-
-
-async def _unless_stopped(
-    waiting: Coroutine[Any, Any, tuple[int, Settings]], stop: asyncio.Event
-) -> tuple[int, Settings] | None:
-    """What `waiting` returns, or None when `stop` is set first."""
-    task = asyncio.ensure_future(waiting)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, stopping):
-            pending.cancel()
-        await asyncio.gather(task, stopping, return_exceptions=True)
-    return None if task.cancelled() else task.result()
 
 
 async def _first_of(tasks: list[asyncio.Task[None]], *events: asyncio.Event) -> None:

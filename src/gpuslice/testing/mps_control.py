@@ -36,7 +36,7 @@ def _alive(pipe: Path) -> int | None:
     """The daemon's pid when one runs for `pipe`."""
     try:
         pid = int((pipe / PID_FILE).read_text())
-        os.kill(pid, 0)
+        _check_running(pid)
     except (OSError, ValueError):
         return None
     return pid
@@ -151,6 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     if "-d" in args:
         return background()
     return client()
+
+
+def _check_running(pid: int) -> None:
+    """OSError unless `pid` runs: a zombie (exited, not yet reaped by its parent) does not."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    if state in ("Z", "X"):
+        raise ProcessLookupError(pid)
 
 
 if __name__ == "__main__":

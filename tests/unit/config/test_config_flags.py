@@ -405,6 +405,8 @@ UPSTREAM = {
     "memory-budget-policy": ("GPUSLICE_MEMORY_BUDGET_POLICY", None),
     "memory-budget": ("GPUSLICE_MEMORY_BUDGET", None),
     "cdi-spec-dir": ("CDI_SPEC_DIR", None),
+    "mps-control-binary": ("GPUSLICE_MPS_CONTROL_BINARY", None),
+    "mps-pinned-memory-limit": ("GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None),
 }
 
 

@@ -295,14 +295,19 @@ def test_no_imex_env_without_channels() -> None:
 
 
 MPS_PIPE = "/mps/nvidia.com/gpu/pipe"
+MPS_LOG = "/mps/nvidia.com/gpu/log"
+MPS_ENV = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG}
 
 
-def test_mps_resource_gets_pipe_env_and_mounts() -> None:
+def test_mps_resource_gets_its_daemons_dirs_and_a_private_shm() -> None:
+    """Upstream's env and container paths; the host dirs are the resource's daemon's,
+    and /dev/shm comes from <mpsRoot>/<resource>/shm, not one node-wide directory."""
     got = allocate(shared(MPS), [replica_id(GPU0, 0)], mps_root="/run/nvidia/mps")
-    assert got.envs == {VISIBLE_DEVICES: GPU0, "CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE}
+    assert got.envs == {VISIBLE_DEVICES: GPU0, **MPS_ENV}
     assert got.mounts == (
         Mount(MPS_PIPE, "/run/nvidia/mps/nvidia.com/gpu/pipe"),
-        Mount("/dev/shm", "/run/nvidia/mps/shm"),
+        Mount(MPS_LOG, "/run/nvidia/mps/nvidia.com/gpu/log"),
+        Mount("/dev/shm", "/run/nvidia/mps/nvidia.com/gpu/shm"),
     )
 
 
@@ -310,8 +315,8 @@ def test_mps_mounts_stay_with_cdi_only_strategies() -> None:
     got = allocate(
         shared(MPS), [replica_id(GPU0, 0)], mps_root="/mps-root", list_strategies=(CDI_CRI,)
     )
-    assert got.envs == {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE}
-    assert len(got.mounts) == 2
+    assert got.envs == MPS_ENV
+    assert len(got.mounts) == 3
 
 
 def test_mps_pipe_uses_the_renamed_resource() -> None:

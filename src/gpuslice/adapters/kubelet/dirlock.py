@@ -15,14 +15,13 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import structlog
 
 from gpuslice.adapters.fswatch import wait_for_directory
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.waiting import unless_stopped
 
 _log = structlog.get_logger()
 
@@ -137,7 +136,7 @@ async def claim(directory: str, me: Holder, stop: asyncio.Event) -> DirLock | No
             detail=f"the device-plugin directory {directory} does not exist: is the hostPath "
             "volume for it mounted? Waiting for it to appear",
         )
-        if not await _unless_stopped(wait_for_directory(directory), stop):
+        if await unless_stopped(wait_for_directory(directory), stop) is None:
             return None
         _log.info("plugin_dir_appeared", path=directory)
     lock = DirLock(directory, me)
@@ -147,19 +146,6 @@ async def claim(directory: str, me: Holder, stop: asyncio.Event) -> DirLock | No
         raise GpusliceError(
             f"cannot lock the device-plugin directory {directory}: {exc.strerror or exc}"
         ) from None
-
-
-async def _unless_stopped(waiting: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
-    """True once `waiting` is done; False when `stop` is set first."""
-    task = asyncio.ensure_future(waiting)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, stopping):
-            pending.cancel()
-        await asyncio.gather(task, stopping, return_exceptions=True)
-    return task.done() and not task.cancelled()
 
 
 def _is_dir(path: str) -> bool:

@@ -9,15 +9,12 @@ import contextlib
 import os
 from collections.abc import Sequence
 
-from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import DaemonPlan
+from gpuslice.core.ports import MpsError
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 COMMAND_TIMEOUT_S = 10.0
-
-
-class MpsError(GpusliceError):
-    """The control daemon could not be started or did not answer."""
+PROBE_S = 10.0
 
 
 class ControlDaemon:
@@ -63,39 +60,36 @@ class ControlDaemon:
         return out.strip()
 
     async def quit(self) -> None:
-        """Stop the daemon (nothing when none runs)."""
-        if self.pid() is not None:
-            with contextlib.suppress(MpsError):
-                await self.send(["quit"])
+        """Stop the daemon and wait for it to exit (nothing when none answers)."""
+        pid = self.pid()
+        with contextlib.suppress(MpsError):
+            await self.send(["quit"])
+        if pid is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_gone(pid), COMMAND_TIMEOUT_S)
 
     def pid(self) -> int | None:
         """The daemon's pid while it runs."""
         try:
             with open(os.path.join(self.plan.pipe_dir, PID_FILE), encoding="ascii") as f:
                 pid = int(f.read().strip())
-            os.kill(pid, 0)
+            _check_running(pid)
         except (OSError, ValueError):
             return None
         return pid
 
     async def exited(self) -> None:
-        """Return once the running daemon exits (at once when none runs)."""
+        """Return once the daemon exits: watched through its pid when its pid file is
+        there, else probed every PROBE_S (a daemon that stops answering has exited)."""
         pid = self.pid()
         if pid is None:
-            return
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        loop, gone = asyncio.get_running_loop(), asyncio.Event()
-        loop.add_reader(fd, gone.set)
-        try:
-            await gone.wait()
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-        with contextlib.suppress(ChildProcessError):  # reaped here when it is our child
-            os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
+            while True:
+                await asyncio.sleep(PROBE_S)
+                try:
+                    await self.send(["get_server_list"])
+                except MpsError:
+                    return
+        await _gone(pid)
 
     @property
     def _name(self) -> str:
@@ -117,3 +111,28 @@ class ControlDaemon:
             await proc.wait()
             raise MpsError(f"{self._name} did not answer within {COMMAND_TIMEOUT_S:g}s") from None
         return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def _gone(pid: int) -> None:
+    """Return once process `pid` has exited (reaped here when it is our child)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop, gone = asyncio.get_running_loop(), asyncio.Event()
+    loop.add_reader(fd, gone.set)
+    try:
+        await gone.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
+
+
+def _check_running(pid: int) -> None:
+    """OSError unless `pid` runs: a zombie (exited, not yet reaped by its parent) does not."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    if state in ("Z", "X"):
+        raise ProcessLookupError(pid)
