@@ -26,6 +26,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.labels import TIMESTAMP_LABEL, label_node, with_timestamp
 from gpuslice.core.ports import LabelSink
+from gpuslice.core.restart import Backoff
 from gpuslice.core.sharing import ResourceSettings
 
 log = structlog.get_logger("gpuslice.labeller")
@@ -103,8 +104,8 @@ class Labeller:
         self._interval = interval_s
         self._oneshot = oneshot
         self._timestamps = timestamps
-        self._retry_max = retry_max_s if interval_s is None else min(retry_max_s, interval_s)
-        self._retry_first = min(retry_s, self._retry_max)
+        retry_max = retry_max_s if interval_s is None else min(retry_max_s, interval_s)
+        self._retry = Backoff(first_s=min(retry_s, retry_max), max_s=retry_max)
         self._lock = asyncio.Lock()
         self._nudged = asyncio.Event()
         self._attempted = asyncio.Condition()  # notified after each labelling
@@ -181,7 +182,7 @@ class Labeller:
         if self._oneshot:
             await self.relabel()
             return
-        delay: float | None = None  # the last retry's wait; None after a success
+        failures = 0  # in a row; 0 after a success
         reported: str | None = None  # the failure last logged as an error
         try:
             while not stop.is_set():
@@ -189,16 +190,16 @@ class Labeller:
                 wait = self._interval
                 try:
                     await self.relabel()
-                    if delay is not None:
+                    if failures:
                         log.info("labels_recovered")
-                    delay, reported = None, None
+                    failures, reported = 0, None
                 except Exception:  # labels never stop the agent, whatever fails
-                    delay = self._retry_first if delay is None else min(delay * 2, self._retry_max)
-                    wait = self._retry_in = delay
+                    failures += 1
+                    wait = self._retry_in = self._retry.delay(failures)
                     # Each new reason is an error; the same one again only a debug line.
                     failed = log.debug if self._error == reported else log.error
                     reported = self._error
-                    failed("labels_failed", error=reported, retry_s=delay)
+                    failed("labels_failed", error=reported, retry_s=wait)
                     await self._notify()
                 await self._sleep(stop, wait)
         finally:
