@@ -21,7 +21,6 @@ From gpuslice itself:
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
 import shutil
@@ -35,6 +34,9 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ run or loaded by path
+import regen
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "gpuslice"
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpuslice.yaml"
@@ -43,7 +45,6 @@ SCHEMA = Path("values.schema.json")
 CHART_YAML = Path("Chart.yaml")
 STATIC_RELEASE = "gpuslice"  # release name and namespace of the static manifests
 SCHEMA_KUBE_VERSION = "1.30.0"  # the chart's kubeVersion floor
-DIFF_LINES = 40
 
 # Values that override a config flag: value path -> flag name. Rendered as the flag's first
 # env var when not null, as NVIDIA's chart renders them.
@@ -499,19 +500,8 @@ def generate(chart: Path) -> dict[Path, str]:
 
 
 def differences(fresh: Mapping[Path, str]) -> list[str]:
-    lines: list[str] = []
-    for rel, new in sorted(fresh.items()):
-        path = ROOT / rel
-        old = path.read_text() if path.exists() else None
-        if old == new:
-            continue
-        lines.append(f"missing: {rel}" if old is None else f"differs: {rel}")
-        if old is not None:
-            diff = difflib.unified_diff(
-                old.splitlines(), new.splitlines(), f"committed/{rel}", f"fresh/{rel}", lineterm=""
-            )
-            lines.extend(f"    {d}" for d in list(diff)[:DIFF_LINES])
-    return lines
+    committed = {rel: (ROOT / rel).read_text() if (ROOT / rel).exists() else None for rel in fresh}
+    return regen.differences(fresh, committed)
 
 
 def main(argv: list[str] | None = None) -> int:

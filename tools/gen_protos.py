@@ -11,17 +11,18 @@ real package paths (gpuslice.adapters.kubelet._proto...).
 from __future__ import annotations
 
 import argparse
-import difflib
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ run or loaded by path
+import regen
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 PROTO_DIR = SRC / "gpuslice" / "adapters" / "kubelet" / "_proto"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
-DIFF_LINES = 40
 
 
 def proto_files() -> list[Path]:
@@ -73,26 +74,11 @@ def generate(out: Path) -> None:
 
 def differences(fresh: dict[Path, bytes], committed: dict[Path, bytes]) -> list[str]:
     """One line per file that differs, plus the head of a unified diff for each."""
-    lines: list[str] = []
-    for path in sorted(fresh.keys() | committed.keys()):
-        new, old = fresh.get(path), committed.get(path)
-        if new == old:
-            continue
-        if old is None:
-            lines.append(f"missing: {path}")
-        elif new is None:
-            lines.append(f"stale (no longer generated): {path}")
-        else:
-            lines.append(f"differs: {path}")
-            diff = difflib.unified_diff(
-                old.decode().splitlines(),
-                new.decode().splitlines(),
-                f"committed/{path}",
-                f"regenerated/{path}",
-                lineterm="",
-            )
-            lines.extend(f"    {d}" for d in list(diff)[:DIFF_LINES])
-    return lines
+    return regen.differences(_text(fresh), _text(committed))
+
+
+def _text(files: dict[Path, bytes]) -> dict[Path, str]:
+    return {path: data.decode() for path, data in files.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

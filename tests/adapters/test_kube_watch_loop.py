@@ -7,10 +7,10 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from gpuslice.adapters.kube.watch import Backoff, NodeState, WatchEvent, follow_labels
+from gpuslice.adapters.kube.watch import NodeState, Retry, WatchEvent, follow_labels
 
 
-class CountingBackoff(Backoff):
+class CountingRetry(Retry):
     """Counts waits and yields to the loop instead of sleeping."""
 
     def __init__(self) -> None:
@@ -22,8 +22,8 @@ class CountingBackoff(Backoff):
         await asyncio.sleep(0)
 
 
-def test_backoff_doubles_up_to_its_cap_with_jitter_and_resets() -> None:
-    backoff = Backoff(0.2, 1.0)
+def test_retry_doubles_up_to_its_cap_with_jitter_and_resets() -> None:
+    backoff = Retry(0.2, 1.0)
     bases = [0.2, 0.4, 0.8, 1.0, 1.0]
     for base in bases:
         assert base * 0.8 <= backoff.next_delay() <= base * 1.2
@@ -46,7 +46,7 @@ async def test_a_watch_that_ends_empty_at_once_backs_off_before_every_retry() ->
         return
         yield  # an async generator that ends without events
 
-    backoff = CountingBackoff()
+    backoff = CountingRetry()
     labels = follow_labels("n1", read, empty_watch, backoff)
     assert await anext(labels) == {"a": "1"}
     waiting = asyncio.ensure_future(anext(labels))

@@ -109,11 +109,15 @@ def test_what_the_services_report_becomes_counters_and_histograms() -> None:
 def test_the_last_sample_time_appears_with_the_first_sample_only() -> None:
     """Absent, not 0, before any sample: 'time() - it' alerts only once sampling ran."""
     metrics = PrometheusMetrics(process=False)
-    assert "gpuslice_last_sample_timestamp_seconds" not in names(scrape(metrics))
-    metrics.sampled(1_800_000_000.5)
+    assert not {
+        "gpuslice_last_sample_timestamp_seconds",
+        "gpuslice_sample_interval_seconds",
+    } & set(names(scrape(metrics)))
+    metrics.sampled(1_800_000_000.5, 10.0)
     metrics.sample_failed()
     s = scrape(metrics)
     assert value(s, "gpuslice_last_sample_timestamp_seconds") == 1_800_000_000.5
+    assert value(s, "gpuslice_sample_interval_seconds") == 10.0  # what the alert scales by
     assert value(s, "gpuslice_sample_failures_total") == 1
 
 

@@ -13,12 +13,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 from agent_harness import GPU, serving
 from metrics_harness import Prometheus, free_port, prometheus_binary, scraped_node
 from process_harness import AgentProcess
 
 from gpuslice.core.devices import physical_id
 from gpuslice.testing.kubelet import KubeletStandin
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MIB = 1024 * 1024
 
@@ -141,7 +144,15 @@ async def test_prometheus_has_per_pod_series_for_processes_in_admitted_pods(
             _, budget = only(prometheus.query(
                 'gpuslice_container_gpu_memory_budget_bytes{pod="train"}'))  # fmt: skip
             assert budget == 15360 * MIB // 4
-            stale = prometheus.query("time() - gpuslice_last_sample_timestamp_seconds > 60")
-            assert stale == {}
+            _, interval = only(prometheus.query("gpuslice_sample_interval_seconds"))
+            assert interval == 0.2  # --sample-interval 200ms: what the alert scales by
+            assert prometheus.query(_alert_expr("GpusliceSamplingStopped")) == {}
     finally:
         await prometheus.stop()
+
+
+def _alert_expr(name: str) -> str:
+    """The expression of one alert the chart ships, as Prometheus evaluates it."""
+    rules = yaml.safe_load((ROOT / "deploy/helm/gpuslice/files/alerts.yaml").read_text())
+    (expr,) = [r["expr"] for r in rules["groups"][0]["rules"] if r.get("alert") == name]
+    return str(expr)

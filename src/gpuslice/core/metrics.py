@@ -82,7 +82,7 @@ class NoMetrics:
     def config_rejected(self, name: str) -> None:
         pass
 
-    def sampled(self, at_unix_s: float) -> None:
+    def sampled(self, at_unix_s: float, interval_s: float) -> None:
         pass
 
     def sample_failed(self) -> None:

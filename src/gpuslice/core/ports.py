@@ -244,8 +244,8 @@ class Metrics(Protocol):
 
     def config_rejected(self, name: str) -> None: ...
 
-    def sampled(self, at_unix_s: float) -> None:
-        """A per-process sample succeeded at this wall-clock time."""
+    def sampled(self, at_unix_s: float, interval_s: float) -> None:
+        """A per-process sample succeeded at this wall-clock time; they are `interval_s` apart."""
         ...
 
     def sample_failed(self) -> None: ...

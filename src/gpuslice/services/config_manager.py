@@ -29,7 +29,7 @@ import structlog
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.settings import check_not_truncated
 from gpuslice.config.v1 import Config
-from gpuslice.core.errors import GpusliceError
+from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics
 from gpuslice.core.selection import (
@@ -228,13 +228,16 @@ class ConfigManager(Generic[S]):
             self._ignored = entries.default
             log.warning("default_config_of_source_ignored", ignored=entries.default,
                         default=self._default, source=entries.where)  # fmt: skip
-        choice = choose_config(
-            self._label_value,
-            entries.names,
-            default=self._default or entries.default,
-            fallbacks=self._fallbacks,
-            label=self._label,
-        )
+        try:
+            choice = choose_config(
+                self._label_value,
+                entries.names,
+                default=self._default or entries.default,
+                fallbacks=self._fallbacks,
+                label=self._label,
+            )
+        except ConfigError as exc:  # say where the available names were looked up
+            raise ConfigError(f"{exc} (configs in {entries.where})") from None
         self._wanted = choice.shown
         if choice.name is None:
             return choice, LoadedConfig(Config(), source=f"{entries.where} (empty config)")

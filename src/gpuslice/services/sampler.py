@@ -65,7 +65,7 @@ class Sampler:
         *,
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
-        sampled: Callable[[float], None] | None = None,  # e.g. Metrics.sampled
+        sampled: Callable[[float, float], None] | None = None,  # e.g. Metrics.sampled
         failed: Callable[[], None] | None = None,  # e.g. Metrics.sample_failed
         after: Callable[[Attribution], Awaitable[None]] | None = None,  # e.g. Watchdog.check
     ) -> None:
@@ -112,7 +112,7 @@ class Sampler:
         self.last_success = self._clock()
         self.samples += 1
         if self._sampled is not None:
-            self._sampled(self.last_success)
+            self._sampled(self.last_success, self.interval_s)
         return self.latest
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
@@ -425,7 +426,7 @@ async def test_unknown_label_keeps_the_config_and_says_so(
         message = await node.next_event()
         assert message == (
             'config rejected, keeping a100: specified config "h100" does not exist; '
-            "available: a100, t4"
+            f"available: a100, t4 (configs in {configmap.path})"
         )
         assert manager.status == ConfigStatus("a100", False, message)
         configmap.write({"a100": timeslicing(2), "t4": timeslicing(4), "h100": timeslicing(7)})
@@ -480,7 +481,8 @@ async def test_bad_config_at_start_is_raised_and_recorded(
     configmap.write({"a": timeslicing(2), "b": timeslicing(3)})
     manager = manager_for(node, configmap, applier, watch)
     node.push({})
-    with pytest.raises(ConfigError, match=r"named, single all failed; available: a, b$"):
+    listing = re.escape(f"named, single all failed; available: a, b (configs in {configmap.path})")
+    with pytest.raises(ConfigError, match=f"{listing}$"):
         async with running(manager):
             await node.next_event()
     ((name, reason, message, warning),) = node.events
@@ -705,7 +707,7 @@ async def test_the_default_annotation_applies_live_and_the_flag_wins_over_it(
         message = await node.next_event()
         assert message == (
             'config rejected, keeping ts-8: specified config "h100" does not exist; '
-            "available: default, ts-4, ts-8"
+            f"available: default, ts-4, ts-8 (configs in ConfigMap {NS}/{CM})"
         )
 
     other, pinned = FakeNode(), Applier()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.watch import Backoff, NodeState, State, Watched, follow, follow_labels
+from gpuslice.adapters.kube.watch import NodeState, Retry, State, Watched, follow, follow_labels
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import ConfigMapView
 
@@ -96,7 +96,7 @@ class KubeNodeApi:
             node,
             read,
             lambda version: self._session.watch_node(node, version),
-            Backoff(*self._backoff_s),
+            Retry(*self._backoff_s),
         )
 
     async def watch_config_map(
@@ -114,7 +114,7 @@ class KubeNodeApi:
             Watched("configmap", f"{namespace}/{name}"),
             read,
             lambda version: self._session.watch_config_map(namespace, name, version),
-            Backoff(*self._backoff_s),
+            Retry(*self._backoff_s),
             ConfigMapView(None),
         )
         async with contextlib.aclosing(views):

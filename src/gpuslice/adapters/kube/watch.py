@@ -27,6 +27,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from gpuslice.core.errors import BackendError
+from gpuslice.core.restart import Backoff
 
 _log = structlog.get_logger()
 
@@ -63,24 +64,24 @@ class WatchBroken(Exception):  # noqa: N818 - a state, like the HTTP terms above
     """The watch failed (connection dropped, server error); the message is one line."""
 
 
-class Backoff:
-    """Exponential delay with jitter between failed attempts; reset after a success."""
+class Retry:
+    """Failed attempts in a row, waited out on core.restart's doubling Backoff with
+    jitter (so many agents do not retry in step); reset after a success."""
 
     def __init__(self, initial_s: float, cap_s: float) -> None:
-        self.initial_s = initial_s
-        self.cap_s = cap_s
-        self._next_s = initial_s
+        self.schedule = Backoff(initial_s, cap_s)
+        self.failures = 0
 
     def next_delay(self) -> float:
-        delay = self._next_s * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not secrecy
-        self._next_s = min(self._next_s * 2, self.cap_s)
-        return delay
+        self.failures += 1
+        jitter = random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not secrecy
+        return self.schedule.delay(self.failures) * jitter
 
     async def wait(self) -> None:
         await asyncio.sleep(self.next_delay())
 
     def reset(self) -> None:
-        self._next_s = self.initial_s
+        self.failures = 0
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ OpenWatch = Callable[[str | None], AsyncGenerator[WatchEvent[T], None]]
 
 
 async def follow(
-    what: Watched, read: Read[T], open_watch: OpenWatch[T], backoff: Backoff, gone: T
+    what: Watched, read: Read[T], open_watch: OpenWatch[T], backoff: Retry, gone: T
 ) -> AsyncGenerator[tuple[T, str | None], None]:
     """Yield (value, trouble) after the first full read, then whenever either changes;
     trouble is None while the watch works, else one line saying why it does not."""
@@ -159,7 +160,7 @@ async def follow_labels(
     node: str,
     read: Read[dict[str, str]],
     open_watch: OpenWatch[dict[str, str]],
-    backoff: Backoff,
+    backoff: Retry,
 ) -> AsyncGenerator[dict[str, str], None]:
     """Yield the Node's labels after the first full read, then on every change."""
     last: dict[str, str] | None = None

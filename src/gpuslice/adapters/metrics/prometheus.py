@@ -131,13 +131,19 @@ class PrometheusMetrics:
     def config_rejected(self, name: str) -> None:
         self._rejected.labels(name).inc()
 
-    def sampled(self, at_unix_s: float) -> None:
+    def sampled(self, at_unix_s: float, interval_s: float) -> None:
         if self._sampled is None:
             self._sampled = Gauge(
                 "gpuslice_last_sample_timestamp_seconds",
                 "Unix time of the last successful per-process sample.",
                 registry=self.registry,
             )
+            interval = Gauge(
+                "gpuslice_sample_interval_seconds",
+                "Seconds between per-process samples (--sample-interval).",
+                registry=self.registry,
+            )
+            interval.set(interval_s)
         self._sampled.set(at_unix_s)
 
     def sample_failed(self) -> None:
