@@ -74,7 +74,7 @@ async def test_a_spec_no_longer_wanted_is_deleted_but_not_other_files(tmp_path: 
 
 
 async def test_a_spec_from_an_earlier_process_is_replaced_not_deleted(tmp_path: Path) -> None:
-    """A new store only deletes what it wrote; the same name it writes again."""
+    """A new store only deletes what it holds; the same name it writes again."""
     await CdiSpecDir(tmp_path).sync({GPU: spec("GPU-old")})
     store = CdiSpecDir(tmp_path)
     assert await store.sync({}) == ()
@@ -82,6 +82,18 @@ async def test_a_spec_from_an_earlier_process_is_replaced_not_deleted(tmp_path: 
     assert await store.sync({GPU: spec("GPU-new")}) == (GPU,)
     assert await store.sync({}) == (GPU,)
     assert not (tmp_path / GPU).exists()
+
+
+async def test_a_spec_found_in_place_is_held_without_a_rewrite(tmp_path: Path) -> None:
+    """After a restart the same spec is already there: kept as it is (no rename under a
+    runtime reading it), and deleted like the store's own once it is no longer wanted."""
+    await CdiSpecDir(tmp_path).sync({GPU: spec("GPU-a")})
+    inode = (tmp_path / GPU).stat().st_ino
+    store = CdiSpecDir(tmp_path)
+    assert await store.sync({GPU: spec("GPU-a")}) == ()
+    assert (tmp_path / GPU).stat().st_ino == inode
+    assert await store.sync({}) == (GPU,)
+    assert listing(tmp_path) == []
 
 
 async def test_a_reader_never_sees_a_partial_spec(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The whole agent under cdi-cri and cdi-annotations: every CDI name that Allocate
 returns through the kubelet stand-in resolves in the CDI spec on disk, and the spec
-follows reloads (strategy, MIG layout, renames), ignores health and goes on stop."""
+follows reloads (strategy, MIG layout, renames), ignores health and outlives the agent."""
 
 from __future__ import annotations
 
@@ -130,13 +130,28 @@ async def test_index_names_resolve_on_mig_mixed(
     assert returned <= qualified_names(spec)
 
 
-async def test_the_spec_is_removed_when_the_agent_stops(
-    kubelet: KubeletStandin, launcher: AgentLauncher
+async def test_the_spec_outlives_the_agent_and_the_next_one_takes_it_over(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
 ) -> None:
-    running = await launcher.start("t4x4", flags={"device-list-strategy": "cdi-cri"})
-    await running.registered(kubelet)
-    assert spec_on_disk(launcher) is not None
-    await running.shutdown()
+    """Between two agents (a rolling update) a restarting container still resolves its
+    devices; the next agent leaves the same spec untouched and removes it once its
+    config no longer asks for CDI."""
+    config = tmp_path / "config.yaml"
+    config.write_text(_with_strategy(time_slicing(4), "cdi-cri"))
+    first = await launcher.start("t4x4", config=config)
+    await first.registered(kubelet)
+    names = await every_answer(kubelet, first)
+    await first.shutdown()
+    spec = spec_on_disk(launcher)
+    assert spec is not None
+    assert names <= qualified_names(spec)
+    written = stamp(launcher)
+
+    second = await launcher.start("t4x4", config=config)
+    await second.registered(kubelet)
+    assert stamp(launcher) == written
+    write_file(config, _with_strategy(time_slicing(4), "envvar"))
+    assert await second.agent.reload()
     assert os.listdir(launcher.cdi_spec_dir) == []
 
 

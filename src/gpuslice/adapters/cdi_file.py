@@ -1,10 +1,10 @@
 """CDI spec files in the CDI spec directory (default /var/run/cdi), where CDI-aware
 runtimes (containerd, CRI-O) look up the device names the kubelet passes them.
 
-Each file is replaced atomically and only when its content changed; a file this
-process wrote and no longer wants is deleted. Files it never wrote are left alone
-(another device plugin's, or a spec from before a restart, which the next write of
-the same name replaces).
+Each file is replaced atomically and only when its content changed. A file this
+process was asked to hold (written by it, or found already in place with the same
+content, as after a restart) and no longer wants is deleted. Other files are left
+alone: another vendor's, or a spec from before a restart that is not wanted now.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ class CdiSpecDir:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
-        self._written: set[str] = set()
+        self._held: set[str] = set()
 
     async def sync(self, specs: Mapping[str, str]) -> tuple[str, ...]:
         """Make the directory hold exactly `specs` (file name -> content) among the
-        files this store wrote. Returns the names written or deleted. Raises
+        files this store holds. Returns the names written or deleted. Raises
         BackendError (transient) when a file cannot be written or deleted."""
         return await asyncio.to_thread(self._sync, dict(specs))
 
@@ -38,12 +38,13 @@ class CdiSpecDir:
         for name in changed:
             with self._failing("write", name):
                 replace_atomically(self.directory / name, specs[name])
-            self._written.add(name)
-        stale = sorted(self._written - specs.keys())
+            self._held.add(name)
+        self._held.update(specs)  # the unchanged ones too: already in place
+        stale = sorted(self._held - specs.keys())
         for name in stale:
             with self._failing("remove", name):
                 (self.directory / name).unlink(missing_ok=True)
-            self._written.discard(name)
+            self._held.discard(name)
         return (*changed, *stale)
 
     def _current(self, name: str) -> str | None:

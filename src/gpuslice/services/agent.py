@@ -186,8 +186,6 @@ class Agent:
             await self.manager.stop()
             if self._deps.mps is not None:
                 await self._deps.mps.close()
-            if self._deps.cdi is not None:
-                await self._deps.cdi.close()
             backend = self._backend
             await self._call(backend.close)
             self._pool.shutdown(wait=True)

@@ -1,7 +1,9 @@
 """Keeps the CDI specs in step with what the agent serves.
 
 The agent calls `apply` with every set of resources it is about to serve (start-up,
-reload, per-node config switch) and `close` when it stops. Health changes do not
+reload, per-node config switch). The specs outlive the agent: a container of a running
+pod that restarts while no agent runs (a rolling update) still resolves its devices,
+and the next agent finds them in place. Health changes do not
 reach here: an unhealthy device keeps its CDI name (core.cdi says why). A spec that
 cannot be written is logged and kept in `error`; the next apply tries again, and the
 resources are served either way.
@@ -38,13 +40,6 @@ class CdiSpecs:
     async def apply(self, resources: Iterable[Resource], opts: AllocateOptions) -> None:
         """Write the specs `opts` asks for (none without a CDI strategy)."""
         specs = build_specs(resources, opts, control_devices=self._control, extra_nodes=self._extra)
-        await self._sync(specs)
-
-    async def close(self) -> None:
-        """Remove every spec written."""
-        await self._sync({})
-
-    async def _sync(self, specs: Mapping[str, str]) -> None:
         try:
             changed = await self._store.sync(specs)
         except BackendError as exc:
