@@ -317,7 +317,16 @@ def values_schema() -> dict[str, Any]:
             }
         ),
         **{path_: _flag_schema(name) for path_, name in VALUE_FLAGS.items() if "." not in path_},
-        "mps": _obj({"root": {**path, "description": "MPS_ROOT: host directory of MPS pipes"}}),
+        "mps": _obj(
+            {
+                "root": {**path, "description": "MPS_ROOT: host directory of MPS pipes"},
+                "enableHostPID": {
+                    "type": "boolean",
+                    "description": "hostPID for the MPS servers the agent starts, when a config "
+                    "may use MPS (inline sharing.mps, or an existing ConfigMap)",
+                },
+            }
+        ),
         "labels": _obj(
             {
                 "output": {"enum": list(LABEL_OUTPUTS), "description": "where node labels go"},

@@ -14,7 +14,9 @@ import click
 import pytest
 import yaml
 from chart_kit import (
+    ADMISSION_MPS,
     CHART,
+    CONFIGS,
     NAMESPACE,
     RELEASE,
     VALUE_SETS,
@@ -148,9 +150,39 @@ def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> 
     assert "privileged" not in context
     pod = the(rendered(name), "DaemonSet")["spec"]["template"]["spec"]
     assert not {"hostNetwork", "hostIPC"} & set(pod)
-    # Only the watchdog's terminate policy signals host PIDs.
+    # Only the watchdog's terminate policy (host PIDs) and MPS servers need the host's PIDs.
     terminate = env(rendered(name)).get("GPUSLICE_MEMORY_BUDGET_POLICY") == "terminate"
-    assert pod.get("hostPID", False) is terminate
+    config = VALUE_SETS[name].get("config", {})
+    mps = "name" in config or any("mps:" in text for text in config.get("map", {}).values())
+    assert pod.get("hostPID", False) is (terminate or mps)
+
+
+def _host_pid(values: dict[str, Any]) -> bool:
+    gen = tool()
+    objects = tuple(gen.objects(gen.render(gen.CHART, values)))
+    return bool(the(objects, "DaemonSet")["spec"]["template"]["spec"].get("hostPID", False))
+
+
+MPS_JSON = '{"version": "v1", "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}}'
+
+
+@pytest.mark.parametrize(
+    ("values", "host_pid"),
+    [
+        ({"config": {"map": {"m": ADMISSION_MPS}, "default": "m"}}, True),
+        ({"config": {"map": {"m": MPS_JSON}, "default": "m"}}, True),
+        ({"config": {"map": CONFIGS, "default": "t4-ts-4"}}, False),
+        ({"config": {"name": "theirs"}}, True),  # the chart cannot see whether MPS is used
+        ({"config": {"name": "theirs"}, "mps": {"enableHostPID": False}}, False),
+        ({"config": {"map": {"m": ADMISSION_MPS}}, "mps": {"enableHostPID": False}}, False),
+        ({"memoryBudget": {"policy": "terminate"}, "mps": {"enableHostPID": False}}, True),
+        ({"memoryBudget": {"policy": "terminate"}, "accounting": {"enabled": False}}, False),
+    ],
+)
+def test_the_host_pid_namespace_only_where_mps_or_terminate_needs_it(
+    values: dict[str, Any], host_pid: bool
+) -> None:
+    assert _host_pid(values) is host_pid
 
 
 def test_by_default_only_the_kubelets_directories_proc_and_the_mps_root_are_mounted() -> None:

@@ -71,6 +71,20 @@ names a cdi-* strategy. */}}
 {{- if $cdi }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the agent's pod needs the host's PID namespace: the watchdog signals host PIDs
+(terminate policy), or a config may use MPS (mps.enableHostPID: an inline config with
+sharing.mps, or an existing ConfigMap the chart cannot read). */}}
+{{- define "gpuslice.hostPID" -}}
+{{- $need := and .Values.accounting.enabled (eq .Values.memoryBudget.policy "terminate") }}
+{{- if .Values.mps.enableHostPID }}
+{{- if .Values.config.name }}{{ $need = true }}{{ end }}
+{{- range $entry, $text := .Values.config.map }}
+{{- if regexMatch "(^|[\\s{,\"])mps\"?\\s*:" (toString $text) }}{{ $need = true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $need }}true{{ end }}
+{{- end }}
+
 {{/* Render-time checks of combinations the schema cannot express; each fails with one line. */}}
 {{- define "gpuslice.validate" -}}
 {{- $c := .Values.config }}
