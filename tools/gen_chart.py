@@ -360,7 +360,7 @@ def values_schema() -> dict[str, Any]:
             {
                 "policy": {
                     "enum": list(FLAGS_BY_NAME["memory-budget-policy"].choices),
-                    "description": "GPUSLICE_MEMORY_BUDGET_POLICY; terminate sets hostPID",
+                    "description": "GPUSLICE_MEMORY_BUDGET_POLICY; terminate: hostPID, CAP_KILL",
                 },
                 "budgets": {
                     "type": "object",

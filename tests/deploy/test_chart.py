@@ -144,14 +144,15 @@ async def test_the_probe_paths_answer_200_on_the_agents_status_server() -> None:
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> None:
     context = container(rendered(name))["securityContext"]
-    assert context["capabilities"] == {"drop": ["ALL"]}
+    terminate = env(rendered(name)).get("GPUSLICE_MEMORY_BUDGET_POLICY") == "terminate"
+    # KILL only to signal another user's process over its memory budget.
+    assert context["capabilities"] == {"drop": ["ALL"], **({"add": ["KILL"]} if terminate else {})}
     assert context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"] is True
     assert "privileged" not in context
     pod = the(rendered(name), "DaemonSet")["spec"]["template"]["spec"]
     assert not {"hostNetwork", "hostIPC"} & set(pod)
     # Only the watchdog's terminate policy (host PIDs) and MPS servers need the host's PIDs.
-    terminate = env(rendered(name)).get("GPUSLICE_MEMORY_BUDGET_POLICY") == "terminate"
     config = VALUE_SETS[name].get("config", {})
     mps = "name" in config or any("mps:" in text for text in config.get("map", {}).values())
     assert pod.get("hostPID", False) is (terminate or mps)
