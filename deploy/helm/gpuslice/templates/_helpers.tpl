@@ -71,11 +71,17 @@ names a cdi-* strategy. */}}
 {{- if $cdi }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the memory-budget watchdog kills processes: its terminate policy, which needs
+accounting to see them. */}}
+{{- define "gpuslice.terminate" -}}
+{{- if and .Values.accounting.enabled (eq .Values.memoryBudget.policy "terminate") }}true{{ end }}
+{{- end }}
+
 {{/* "true" when the agent's pod needs the host's PID namespace: the watchdog signals host PIDs
 (terminate policy), or a config may use MPS (mps.enableHostPID: an inline config with
 sharing.mps, or an existing ConfigMap the chart cannot read). */}}
 {{- define "gpuslice.hostPID" -}}
-{{- $need := and .Values.accounting.enabled (eq .Values.memoryBudget.policy "terminate") }}
+{{- $need := include "gpuslice.terminate" . }}
 {{- if .Values.mps.enableHostPID }}
 {{- if .Values.config.name }}{{ $need = true }}{{ end }}
 {{- range $entry, $text := .Values.config.map }}
