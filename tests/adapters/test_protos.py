@@ -13,6 +13,11 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from gpuslice.adapters.kubelet._proto.deviceplugin.v1beta1 import api_pb2 as dp
 from gpuslice.adapters.kubelet._proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as dra
+from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from gpuslice.adapters.kubelet._proto.dra.v1beta1 import api_pb2 as dra_b
+from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2 as health
+from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2 as pr
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +41,7 @@ def test_regenerating_the_stubs_changes_nothing() -> None:
         [sys.executable, str(TOOL), "--check"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "up to date (8 files)" in proc.stdout
+    assert "up to date (24 files)" in proc.stdout
 
 
 def test_check_names_every_file_that_differs() -> None:
@@ -90,6 +95,41 @@ def _field(message: type, name: str) -> tuple[int, int, bool]:
         (pr.AllocatableResourcesResponse, "cpu_ids", (2, F.TYPE_INT64, True)),
         (pr.GetPodResourcesRequest, "pod_namespace", (2, F.TYPE_STRING, False)),
         (pr.GetPodResourcesResponse, "pod_resources", (1, F.TYPE_MESSAGE, False)),
+        (reg.PluginInfo, "type", (1, F.TYPE_STRING, False)),
+        (reg.PluginInfo, "name", (2, F.TYPE_STRING, False)),
+        (reg.PluginInfo, "endpoint", (3, F.TYPE_STRING, False)),
+        (reg.PluginInfo, "supported_versions", (4, F.TYPE_STRING, True)),
+        (reg.RegistrationStatus, "plugin_registered", (1, F.TYPE_BOOL, False)),
+        (reg.RegistrationStatus, "error", (2, F.TYPE_STRING, False)),
+        *(
+            case
+            for m in (dra, dra_b)
+            for case in (
+                (m.NodePrepareResourcesRequest, "claims", (1, F.TYPE_MESSAGE, True)),
+                (m.NodePrepareResourcesResponse, "claims", (1, F.TYPE_MESSAGE, True)),
+                (m.NodePrepareResourceResponse, "devices", (1, F.TYPE_MESSAGE, True)),
+                (m.NodePrepareResourceResponse, "error", (2, F.TYPE_STRING, False)),
+                (m.Device, "request_names", (1, F.TYPE_STRING, True)),
+                (m.Device, "pool_name", (2, F.TYPE_STRING, False)),
+                (m.Device, "device_name", (3, F.TYPE_STRING, False)),
+                (m.Device, "cdi_device_ids", (4, F.TYPE_STRING, True)),
+                (m.Device, "share_id", (5, F.TYPE_STRING, False)),
+                (m.NodeUnprepareResourcesRequest, "claims", (1, F.TYPE_MESSAGE, True)),
+                (m.NodeUnprepareResourcesResponse, "claims", (1, F.TYPE_MESSAGE, True)),
+                (m.NodeUnprepareResourceResponse, "error", (1, F.TYPE_STRING, False)),
+                (m.Claim, "namespace", (1, F.TYPE_STRING, False)),
+                (m.Claim, "uid", (2, F.TYPE_STRING, False)),
+                (m.Claim, "name", (3, F.TYPE_STRING, False)),
+            )
+        ),
+        (health.NodeWatchResourcesResponse, "devices", (1, F.TYPE_MESSAGE, True)),
+        (health.DeviceIdentifier, "pool_name", (1, F.TYPE_STRING, False)),
+        (health.DeviceIdentifier, "device_name", (2, F.TYPE_STRING, False)),
+        (health.DeviceHealth, "device", (1, F.TYPE_MESSAGE, False)),
+        (health.DeviceHealth, "health", (2, F.TYPE_ENUM, False)),
+        (health.DeviceHealth, "last_updated_time", (3, F.TYPE_INT64, False)),
+        (health.DeviceHealth, "health_check_timeout_seconds", (4, F.TYPE_INT64, False)),
+        (health.DeviceHealth, "message", (5, F.TYPE_STRING, False)),
     ],
 )
 def test_field_numbers_and_types_match_the_kubelet(
@@ -109,6 +149,24 @@ def test_maps_are_string_to_string() -> None:
 def test_packages_are_the_kubelets() -> None:
     assert dp.DESCRIPTOR.package == "v1beta1"
     assert pr.DESCRIPTOR.package == "v1"
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    assert dra.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    assert dra_b.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+    assert health.DESCRIPTOR.package == "v1alpha1"
+
+
+def test_dra_maps_are_keyed_by_claim_uid_and_share_id_is_optional() -> None:
+    for m in (dra, dra_b):
+        for message in (m.NodePrepareResourcesResponse, m.NodeUnprepareResourcesResponse):
+            entry = message.DESCRIPTOR.fields_by_name["claims"].message_type
+            assert entry is not None
+            assert entry.GetOptions().map_entry
+            assert entry.fields_by_name["key"].type == F.TYPE_STRING
+        assert m.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+
+
+def test_health_status_values() -> None:
+    assert dict(health.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
 def _paths(module: ModuleType, service: str) -> dict[str, tuple[str, str, bool]]:
@@ -156,6 +214,55 @@ def test_device_plugin_method_paths() -> None:
     }
 
 
+def test_dra_method_paths() -> None:
+    assert _paths(reg, "Registration") == {
+        "/pluginregistration.Registration/GetInfo": (
+            "pluginregistration.InfoRequest",
+            "pluginregistration.PluginInfo",
+            False,
+        ),
+        "/pluginregistration.Registration/NotifyRegistrationStatus": (
+            "pluginregistration.RegistrationStatus",
+            "pluginregistration.RegistrationStatusResponse",
+            False,
+        ),
+    }
+    for version, module in (("v1", dra), ("v1beta1", dra_b)):
+        pkg = f"k8s.io.kubelet.pkg.apis.dra.{version}"
+        assert _paths(module, "DRAPlugin") == {
+            f"/{pkg}.DRAPlugin/NodePrepareResources": (
+                f"{pkg}.NodePrepareResourcesRequest",
+                f"{pkg}.NodePrepareResourcesResponse",
+                False,
+            ),
+            f"/{pkg}.DRAPlugin/NodeUnprepareResources": (
+                f"{pkg}.NodeUnprepareResourcesRequest",
+                f"{pkg}.NodeUnprepareResourcesResponse",
+                False,
+            ),
+        }
+    assert _paths(health, "DRAResourceHealth") == {
+        "/v1alpha1.DRAResourceHealth/NodeWatchResources": (
+            "v1alpha1.NodeWatchResourcesRequest",
+            "v1alpha1.NodeWatchResourcesResponse",
+            True,
+        )
+    }
+
+
+def test_prepare_response_bytes_match_hand_encoding() -> None:
+    """A map entry (key 1, value 2) holding a Device with device_name (3) and a CDI ID (4)."""
+    device = dra.Device(device_name="g", cdi_device_ids=["c"])
+    msg = dra.NodePrepareResourcesResponse(
+        claims={"u": dra.NodePrepareResourceResponse(devices=[device])}
+    )
+    value = b"\x0a\x06\x1a\x01g\x22\x01c"
+    entry = b"\x0a\x01u\x12" + bytes([len(value)]) + value
+    assert msg.SerializeToString() == b"\x0a" + bytes([len(entry)]) + entry
+    claim = dra.Claim(namespace="n", uid="u", name="c")
+    assert claim.SerializeToString() == b"\x0a\x01n\x12\x01u\x1a\x01c"
+
+
 def test_pod_resources_method_paths() -> None:
     assert set(_paths(pr, "PodResourcesLister")) == {
         "/v1.PodResourcesLister/List",
@@ -181,6 +288,7 @@ def test_generated_stubs_call_the_kubelet_paths() -> None:
     channel = _RecordingChannel()
     dp_grpc.RegistrationStub(channel)  # type: ignore[call-overload]
     dp_grpc.DevicePluginStub(channel)  # type: ignore[call-overload]
+    dra_grpc.DRAPluginStub(channel)  # type: ignore[call-overload]
     assert channel.paths == [
         "/v1beta1.Registration/Register",
         "/v1beta1.DevicePlugin/GetDevicePluginOptions",
@@ -188,6 +296,8 @@ def test_generated_stubs_call_the_kubelet_paths() -> None:
         "/v1beta1.DevicePlugin/GetPreferredAllocation",
         "/v1beta1.DevicePlugin/Allocate",
         "/v1beta1.DevicePlugin/PreStartContainer",
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
     ]
 
 
