@@ -1,0 +1,273 @@
+"""Claims the kubelet asks this node to prepare: read from the ResourceClaim's allocation,
+checked against what the node publishes and what other claims hold, turned into the
+devices the kubelet gets back and the claim's own CDI spec.
+
+The kubelet sends only a reference (namespace, name, UID); the allocation and the
+config come from the ResourceClaim object (status.allocation.devices.results and
+.config). Class configs apply first, then the claim's; a later one wins for the
+requests it names (NVIDIA's driver's order). A device another prepared claim holds is
+refused unless it is shared: replicated by the node's time-slicing or MPS settings, or
+both allocations carry a share ID (consumable capacity), or either has admin access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
+from gpuslice.core.dra.opaque import (
+    GPU_CONFIG,
+    MIG_CONFIG,
+    MPS,
+    TIME_SLICING,
+    SharingConfig,
+    parse_config,
+)
+from gpuslice.core.dra.slices import is_unhealthy
+from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.sharing import MPS as NODE_MPS
+
+FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
+
+
+class ClaimError(GpusliceError):
+    """A claim this node cannot prepare; one line, returned to the kubelet (the pod's
+    events show it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    request: str
+    pool: str
+    device: str
+    share_id: str | None = None
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAllocation:
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]  # this driver's only
+    configs: tuple[tuple[tuple[str, ...], SharingConfig], ...]  # (requests, config), in order
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None = None
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+    spec: str  # the claim's CDI spec file name ("" when none was needed)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSharing:
+    """What the claim's devices need for sharing, from its config and the node's."""
+
+    mps_resource: str | None = None  # the MPS resource whose control daemon serves it
+    thread_percentage: int | None = None
+    pinned_mib: tuple[tuple[int, int], ...] = ()  # (CUDA ordinal in the claim, MiB)
+    interval: str | None = None  # time-slicing interval asked for
+
+
+def parse_claim(obj: Mapping[str, object], ref: ClaimRef, driver: str) -> ClaimAllocation:
+    """The allocation of `obj` (a ResourceClaim as JSON) for `driver`. Raises ClaimError
+    when it is not the claim the kubelet named, is not allocated, or its config is bad."""
+    meta = _map(obj.get("metadata"))
+    if meta.get("uid") != ref.uid:
+        raise ClaimError(f"claim {ref}: its UID is {meta.get('uid')!r} now, not {ref.uid!r}")
+    allocation = _map(_map(obj.get("status")).get("allocation"))
+    devices = _map(allocation.get("devices"))
+    if not allocation or not devices:
+        raise ClaimError(f"claim {ref}: not allocated")
+    results = tuple(
+        AllocatedDevice(
+            request=str(r.get("request", "")),
+            pool=str(r.get("pool", "")),
+            device=str(r.get("device", "")),
+            share_id=str(r["shareID"]) if r.get("shareID") else None,
+            admin=r.get("adminAccess") is True,
+        )
+        for r in map(_map, _list(devices.get("results")))
+        if r.get("driver") == driver
+    )
+    entries = [_map(c) for c in _list(devices.get("config"))]
+    ordered = [c for c in entries if c.get("source") == FROM_CLASS]
+    ordered += [c for c in entries if c.get("source") != FROM_CLASS]
+    configs = []
+    for i, entry in enumerate(ordered):
+        opaque = _map(entry.get("opaque"))
+        if opaque.get("driver") != driver:
+            continue
+        where = f"claim {ref}: config {entry.get('source', '?')}[{i}].opaque.parameters"
+        try:
+            config = parse_config(opaque.get("parameters"), where)
+        except ConfigError as exc:
+            raise ClaimError(str(exc)) from None
+        requests = tuple(str(r) for r in _list(entry.get("requests")))
+        configs.append((requests, config))
+    return ClaimAllocation(ref, results, tuple(configs))
+
+
+def config_for(claim: ClaimAllocation, request: str) -> SharingConfig | None:
+    """The config that applies to `request` (or to its parent, for a subrequest
+    "parent/sub"): the last one naming it or naming no request."""
+    parent = request.split("/", 1)[0]
+    found = None
+    for requests, config in claim.configs:
+        if not requests or request in requests or parent in requests:
+            found = config
+    return found
+
+
+def check_devices(
+    claim: ClaimAllocation,
+    devices: Mapping[str, DraDevice],
+    *,
+    pool: str,
+    unhealthy: Collection[str],
+    prepared: Mapping[str, PreparedClaim],
+) -> list[DraDevice]:
+    """Our devices of `claim`, in its order; raises ClaimError for a device this node
+    does not publish, an unhealthy one, or one another claim holds unshared."""
+    out = []
+    for alloc in claim.devices:
+        device = devices.get(alloc.device)
+        if alloc.pool != pool or device is None:
+            raise ClaimError(
+                f"claim {claim.ref}: device {alloc.pool}/{alloc.device} is not on this node "
+                f"(pool {pool})"
+            )
+        if is_unhealthy(device, unhealthy):
+            raise ClaimError(f"claim {claim.ref}: device {device.name} is unhealthy")
+        for other in prepared.values():
+            if other.ref.uid == claim.ref.uid:
+                continue
+            for held in other.devices:
+                if held.device == device.name and not _may_share(device, alloc, held):
+                    raise ClaimError(
+                        f"claim {claim.ref}: device {device.name} is prepared for claim "
+                        f"{other.ref} ({other.ref.uid}) and is not shared"
+                    )
+        out.append(device)
+    return out
+
+
+def sharing_for(
+    claim: ClaimAllocation, devices: Sequence[DraDevice], *, mps_root: str
+) -> ClaimSharing:
+    """What the claim's config asks of its devices, checked against the node's sharing.
+    Raises ClaimError: a config of the wrong kind, MPS on a device the node does not
+    share with MPS, MPS devices under two control daemons."""
+    mps: set[str] = set()
+    threads: int | None = None
+    pinned: dict[int, int] = {}
+    interval: str | None = None
+    order = sorted(range(len(devices)), key=lambda i: _index_key(devices[i].index))
+    for alloc, device in zip(claim.devices, devices, strict=True):
+        config = config_for(claim, alloc.request)
+        if config is None:
+            continue
+        want = GPU_CONFIG if device.kind == GPU else MIG_CONFIG
+        if config.kind != want:
+            raise ClaimError(
+                f"claim {claim.ref}: request {alloc.request}: {config.kind} does not apply to "
+                f"{device.kind} device {device.name}; use {want}"
+            )
+        if config.strategy == MPS:
+            if device.sharing != NODE_MPS or not mps_root:
+                raise ClaimError(
+                    f"claim {claim.ref}: request {alloc.request} asks for MPS, but this node "
+                    f"does not share {device.name} with MPS (sharing.mps in its config)"
+                )
+            mps.add(device.resource)
+            threads = config.thread_percentage
+            ordinal = order.index(devices.index(device))
+            limit = config.pinned_per_device_mib.get(
+                device.uuid, config.pinned_per_device_mib.get(device.index, config.pinned_mib)
+            )
+            if limit is not None:
+                pinned[ordinal] = limit
+        elif config.strategy == TIME_SLICING:
+            if device.sharing == NODE_MPS:
+                raise ClaimError(
+                    f"claim {claim.ref}: request {alloc.request} asks for TimeSlicing, but "
+                    f"this node shares {device.name} with MPS"
+                )
+            interval = config.interval
+    if len(mps) > 1:
+        raise ClaimError(
+            f"claim {claim.ref}: its MPS devices are under {len(mps)} control daemons "
+            f"({', '.join(sorted(mps))}); a container reaches one"
+        )
+    return ClaimSharing(
+        mps_resource=next(iter(mps), None),
+        thread_percentage=threads,
+        pinned_mib=tuple(sorted(pinned.items())),
+        interval=interval,
+    )
+
+
+def prepared_devices(
+    claim: ClaimAllocation,
+    devices: Sequence[DraDevice],
+    opts: DraOptions,
+    toolkit: Mapping[str, str],
+) -> tuple[PreparedDevice, ...]:
+    """What the kubelet gets back: per device our claim spec's CDI ID, then the NVIDIA
+    Container Toolkit's own (`toolkit`: UUID -> CDI ID) where its spec is on the node."""
+    return tuple(
+        PreparedDevice(
+            requests=(alloc.request,),
+            pool=alloc.pool,
+            device=device.name,
+            cdi_ids=(
+                f"{opts.cdi_kind}={cdi_device_name(claim.ref.uid, device.name)}",
+                *((toolkit[device.uuid],) if device.uuid in toolkit else ()),
+            ),
+            share_id=alloc.share_id,
+            admin=alloc.admin,
+        )
+        for alloc, device in zip(claim.devices, devices, strict=True)
+    )
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    """<claimUID>-<device>, as NVIDIA's driver names a claim's CDI devices."""
+    return f"{claim_uid}-{device}"
+
+
+def _may_share(device: DraDevice, mine: AllocatedDevice, held: PreparedDevice) -> bool:
+    both_shares = mine.share_id is not None and held.share_id is not None
+    return device.shared or both_shares or mine.admin or held.admin
+
+
+def _index_key(index: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in index.split(":") if p.isdigit())
+
+
+def _map(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []

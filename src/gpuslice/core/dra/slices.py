@@ -1,0 +1,82 @@
+"""The ResourceSlices of this node: one pool named after the node, every slice carrying
+the pool's generation and slice count, split at the API's device limit (128 per slice,
+64 when a slice carries taints). Unhealthy devices (a GPU's failure covers its MIG
+devices) are withdrawn, or kept with a NoSchedule taint under `taint_unhealthy`.
+
+The objects are what the API server is sent (resource.k8s.io/v1), as plain JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+
+from gpuslice.core.dra.devices import DraDevice, DraOptions, Json
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES = 128
+MAX_TAINTED = 64
+UNHEALTHY_TAINT = "unhealthy"  # key <driver>/unhealthy
+
+
+def is_unhealthy(device: DraDevice, unhealthy: Collection[str]) -> bool:
+    """Its own UUID is marked, or its GPU's is (a MIG device of a failed GPU)."""
+    return device.uuid in unhealthy or device.gpu_uuid in unhealthy
+
+
+def device_json(device: DraDevice, opts: DraOptions, *, unhealthy: bool = False) -> Json:
+    out: Json = {"name": device.name, "attributes": dict(device.attributes)}
+    capacity: dict[str, Json] = {k: {"value": v} for k, v in device.capacity.items()}
+    if opts.consumable_shares and device.shared:
+        out["allowMultipleAllocations"] = True
+        n = str(device.replicas)
+        policy = {"default": "1", "validRange": {"min": "1", "max": n, "step": "1"}}
+        capacity["shares"] = {"value": n, "requestPolicy": policy}
+    out["capacity"] = capacity
+    if unhealthy:
+        taint = {"key": f"{opts.driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}
+        out["taints"] = [taint]
+    return out
+
+
+def published(
+    devices: Iterable[DraDevice], unhealthy: Collection[str], opts: DraOptions
+) -> list[Json]:
+    """The device entries to publish, in name order."""
+    out = []
+    for device in sorted(devices, key=lambda d: d.name):
+        bad = is_unhealthy(device, unhealthy)
+        if bad and not opts.taint_unhealthy:
+            continue
+        out.append(device_json(device, opts, unhealthy=bad))
+    return out
+
+
+def build_slices(
+    entries: Sequence[Json], *, node: str, opts: DraOptions, generation: int
+) -> list[Json]:
+    """The slices holding `entries` (at least one, so the pool exists when empty)."""
+    size = MAX_TAINTED if any("taints" in e for e in entries) else MAX_DEVICES
+    chunks = [list(entries[i : i + size]) for i in range(0, len(entries), size)] or [[]]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(node, opts, i)},
+            "spec": {
+                "driver": opts.driver,
+                "nodeName": node,
+                "pool": {
+                    "name": node,
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "devices": chunk,
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def slice_name(node: str, opts: DraOptions, index: int) -> str:
+    """<node>-<driver>-<index>: a DNS subdomain, stable so updates replace in place."""
+    return f"{node}-{opts.driver}-{index}"
