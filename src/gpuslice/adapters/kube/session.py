@@ -20,7 +20,7 @@ import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.core.exceptions import ConfigError as KubeConfigError
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
@@ -41,6 +41,12 @@ T = TypeVar("T")
 
 NodeFeature = create_namespaced_resource(
     objects.NFD_GROUP, objects.NFD_VERSION, objects.NODE_FEATURE_KIND, objects.NODE_FEATURE_PLURAL
+)
+
+# DRA (resource.k8s.io/v1), as generic objects: they are sent and read as plain JSON.
+ResourceSlice = create_global_resource(objects.DRA_GROUP, "v1", "ResourceSlice", "resourceslices")
+ResourceClaim = create_namespaced_resource(
+    objects.DRA_GROUP, "v1", "ResourceClaim", "resourceclaims"
 )
 
 
@@ -218,6 +224,30 @@ class ApiSession:
         )
         with self._errors(f"record event {reason} on pod {namespace}/{pod}"):
             await self._client.create(event)
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """A ResourceClaim as JSON. Raises NotFound."""
+        with self._errors(f"read ResourceClaim {namespace}/{name}"):
+            obj = await self._client.get(ResourceClaim, name, namespace=namespace)
+        return dict(obj)
+
+    async def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
+        fields: dict[str, Any] = {"spec.nodeName": node, "spec.driver": driver}
+        with self._errors(f"list ResourceSlices of node {node}"):
+            return [dict(s) async for s in self._client.list(ResourceSlice, fields=fields)]
+
+    async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._errors(f"create ResourceSlice {body['metadata']['name']}"):
+            return dict(await self._client.create(ResourceSlice(**body)))
+
+    async def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._errors(f"update ResourceSlice {body['metadata']['name']}"):
+            return dict(await self._client.replace(ResourceSlice(**body)))
+
+    async def delete_slice(self, name: str) -> None:
+        """Raises NotFound."""
+        with self._errors(f"delete ResourceSlice {name}"):
+            await self._client.delete(ResourceSlice, name)
 
     async def aclose(self) -> None:
         await self._client.close()

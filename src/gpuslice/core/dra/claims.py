@@ -271,3 +271,11 @@ def _map(value: object) -> Mapping[str, object]:
 
 def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    """The outcome of preparing one claim: its devices, or why it was refused."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""

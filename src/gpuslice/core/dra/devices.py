@@ -11,7 +11,7 @@ selectors written for its driver port by changing only the domain.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
@@ -64,6 +64,12 @@ class DraDevice:
     def shared(self) -> bool:
         """Several claims may hold it at once (time-slicing or MPS replicas)."""
         return self.sharing in (TIME_SLICING, MPS) and self.replicas > 1
+
+
+def dra_resources(resources: Iterable[Resource], device_plugin: Collection[str]) -> list[Resource]:
+    """The resources DRA serves: all but those kept on the device-plugin API (per node,
+    one front-end serves each extended-resource name)."""
+    return [r for r in resources if r.name not in device_plugin]
 
 
 def gpu_name(gpu: Gpu) -> str:

@@ -1,0 +1,53 @@
+"""KubeDraApi: the DraApi port over the real Kubernetes API (through lightkube): this
+node's ResourceSlices and the ResourceClaims the kubelet asks to prepare.
+
+lightkube is imported when an instance is built, as for KubeNodeApi.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+    from gpuslice.adapters.kube.session import ApiSession
+
+
+class KubeDraApi:
+    def __init__(self, client: AsyncClient | None = None, *, kubeconfig: str | None = None) -> None:
+        from gpuslice.adapters.kube.session import ApiSession, make_client
+
+        self._owns_client = client is None
+        self._session: ApiSession = ApiSession(
+            client if client is not None else make_client(kubeconfig), watch_timeout_s=240
+        )
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, object]:
+        return await self._session.get_claim(namespace, name)
+
+    async def list_slices(self, node: str, driver: str) -> list[dict[str, object]]:
+        return list(await self._session.list_slices(node, driver))
+
+    async def put_slice(
+        self, body: dict[str, object], current: dict[str, object] | None
+    ) -> dict[str, object]:
+        if current is None:
+            return await self._session.create_slice(dict(body))
+        replacement: dict[str, Any] = copy.deepcopy(body)
+        meta = current.get("metadata")
+        if isinstance(meta, dict) and meta.get("resourceVersion"):
+            replacement["metadata"]["resourceVersion"] = meta["resourceVersion"]
+        return await self._session.replace_slice(replacement)
+
+    async def delete_slice(self, name: str) -> None:
+        from gpuslice.adapters.kube.session import NotFound
+
+        with contextlib.suppress(NotFound):
+            await self._session.delete_slice(name)
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._session.aclose()

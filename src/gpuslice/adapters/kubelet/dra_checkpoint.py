@@ -1,0 +1,121 @@
+"""The DRA plugin's checkpoint: the claims it prepared, so that unprepare (and a repeated
+prepare) works after the agent restarts, without the ResourceClaim.
+
+One JSON file in the plugin's directory under /var/lib/kubelet/plugins, which the agent
+owns but other processes could tamper with: it is read without following a link, only
+as a regular file, up to MAX_BYTES, and decoded off the loop into a typed value; it is
+replaced atomically (a new file made with O_EXCL, then renamed over the old).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PreparedDevice
+from gpuslice.core.errors import BackendError
+
+VERSION = 1
+MAX_BYTES = 4 * 1024 * 1024
+CHECKPOINT_NAME = "checkpoint.json"
+
+
+class _Device(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    requests: list[str]
+    pool: str
+    device: str
+    cdi_ids: list[str]
+    share_id: str | None = None
+    admin: bool = False
+
+
+class _Claim(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    namespace: str
+    name: str
+    devices: list[_Device]
+    spec: str = ""
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True):
+    version: int
+    claims: dict[str, _Claim]
+
+
+class ClaimCheckpointFile:
+    """The ClaimCheckpoint port over <directory>/checkpoint.json."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, CHECKPOINT_NAME)
+
+    async def load(self) -> dict[str, PreparedClaim]:
+        return await asyncio.to_thread(self._load)
+
+    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        data = _File(VERSION, {uid: _encode(c) for uid, c in claims.items()})
+        text = msgspec.json.encode(data).decode()
+        try:
+            await asyncio.to_thread(replace_atomically, Path(self.path), text, 0o600)
+        except OSError as exc:
+            raise BackendError(
+                f"DRA checkpoint {self.path}: cannot write: {exc.strerror or exc}", transient=True
+            ) from None
+
+    def _load(self) -> dict[str, PreparedClaim]:
+        raw = read_owned_file(self.path, MAX_BYTES)
+        if raw is None:
+            return {}
+        try:
+            data = msgspec.json.decode(raw, type=_File)
+        except msgspec.DecodeError as exc:
+            raise BackendError(f"DRA checkpoint {self.path}: not a checkpoint: {exc}") from None
+        if data.version != VERSION:
+            raise BackendError(
+                f"DRA checkpoint {self.path}: version {data.version}, this agent reads {VERSION}"
+            )
+        return {uid: _decode(uid, c) for uid, c in data.claims.items()}
+
+
+def read_owned_file(path: str, limit: int) -> bytes | None:
+    """The bytes of regular file `path` (None when absent), never through a link and at
+    most `limit` bytes. Raises BackendError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BackendError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BackendError(f"{path}: not a regular file")
+        if info.st_size > limit:
+            raise BackendError(f"{path}: {info.st_size} bytes, more than {limit}")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise BackendError(f"{path}: more than {limit} bytes")
+    return data
+
+
+def _encode(claim: PreparedClaim) -> _Claim:
+    devices = [
+        _Device(list(d.requests), d.pool, d.device, list(d.cdi_ids), d.share_id, d.admin)
+        for d in claim.devices
+    ]
+    return _Claim(claim.ref.namespace, claim.ref.name, devices, claim.spec)
+
+
+def _decode(uid: str, claim: _Claim) -> PreparedClaim:
+    devices = tuple(
+        PreparedDevice(tuple(d.requests), d.pool, d.device, tuple(d.cdi_ids), d.share_id, d.admin)
+        for d in claim.devices
+    )
+    return PreparedClaim(ClaimRef(claim.namespace, uid, claim.name), devices, claim.spec)

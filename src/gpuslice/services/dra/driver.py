@@ -1,0 +1,222 @@
+"""DraDriver: NodePrepareResources and NodeUnprepareResources, idempotent by claim UID.
+
+Prepare reads the ResourceClaim the kubelet names (the call carries only a reference),
+checks its allocation against the devices this node publishes, their health and the
+claims already prepared (core.dra.claims), writes the claim's CDI spec, records the claim
+in the checkpoint and answers with the devices' CDI IDs. A claim already prepared gets
+the same answer again without reading anything. Unprepare removes the spec and the
+checkpoint entry; it needs neither the claim nor the devices, so it works after a
+restart, for a device gone unhealthy, and for a claim never prepared (a no-op). Calls
+are serialised: each changes the prepared set the next one checks against.
+A refusal (bad config, device held, device unhealthy) is the claim's error, which the
+kubelet shows on the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import structlog
+
+from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
+from gpuslice.core.dra.claims import (
+    ClaimError,
+    ClaimRef,
+    PreparedClaim,
+    PrepareResult,
+    check_devices,
+    parse_claim,
+    prepared_devices,
+    sharing_for,
+)
+from gpuslice.core.dra.devices import DraDevice, DraOptions
+from gpuslice.core.dra.health import DeviceHealth, health_list
+from gpuslice.core.dra.slices import is_unhealthy
+from gpuslice.core.errors import BackendError
+from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi
+from gpuslice.services.dra.view import DeviceView
+
+log = structlog.get_logger("gpuslice.dra")
+
+
+class DraDriver:
+    """The DraHandler port. `toolkit` gives the NVIDIA Container Toolkit's CDI name of a
+    GPU or MIG UUID where its spec is on the node; `control_devices` the driver's control
+    nodes present here."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        opts: DraOptions,
+        view: DeviceView,
+        api: DraApi,
+        checkpoint: ClaimCheckpoint,
+        specs: ClaimSpecs,
+        toolkit: Callable[[], Mapping[str, str]] = dict,
+        control_devices: Sequence[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.opts = opts
+        self._view = view
+        self._api = api
+        self._checkpoint = checkpoint
+        self._specs = specs
+        self._toolkit = toolkit
+        self._control = tuple(control_devices)
+        self._clock = clock
+        self.devices: dict[str, DraDevice] = {}
+        self.prepared: dict[str, PreparedClaim] = {}
+        self._lock = asyncio.Lock()
+        self._health: tuple[DeviceHealth, ...] = ()
+        self._since: dict[str, int] = {}  # device -> when its health last changed
+        self._bad: dict[str, bool] = {}
+        self._health_gen = 0
+        self._health_changed = asyncio.Condition()
+
+    @property
+    def driver(self) -> str:
+        return self.opts.driver
+
+    async def restore(self) -> None:
+        """Load the checkpoint; an unreadable one is logged and the driver starts empty."""
+        try:
+            self.prepared = await self._checkpoint.load()
+        except BackendError as exc:
+            log.error("dra_checkpoint_unreadable", error=str(exc))
+            self.prepared = {}
+        if self.prepared:
+            log.info("dra_claims_restored", claims=len(self.prepared))
+
+    async def set_devices(self, devices: Iterable[DraDevice]) -> None:
+        """The devices published now (the front-end's step)."""
+        self.devices = {d.name: d for d in devices}
+        await self.refresh_health()
+
+    # DraHandler
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        out = {}
+        async with self._lock:
+            for ref in claims:
+                out[ref.uid] = await self._prepare(ref)
+        return out
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        out = {}
+        async with self._lock:
+            for ref in claims:
+                out[ref.uid] = await self._unprepare(ref)
+        return out
+
+    def health(self) -> tuple[DeviceHealth, ...]:
+        return self._health
+
+    @property
+    def health_generation(self) -> int:
+        return self._health_gen
+
+    async def wait_health_changed(self, seen: int) -> int:
+        async with self._health_changed:
+            await self._health_changed.wait_for(lambda: self._health_gen != seen)
+        return self._health_gen
+
+    async def refresh_health(self) -> None:
+        """Recompute the health list from the node's unhealthy set; wake the streams
+        when it changed."""
+        unhealthy = self._view.unhealthy
+        now = int(self._clock())
+        for device in self.devices.values():
+            bad = is_unhealthy(device, unhealthy)
+            if self._bad.get(device.name) != bad:
+                self._bad[device.name] = bad
+                self._since[device.name] = now
+        listed = health_list(self.devices.values(), unhealthy, pool=self.node, since=self._since)
+        if listed != self._health:
+            self._health = listed
+            async with self._health_changed:
+                self._health_gen += 1
+                self._health_changed.notify_all()
+
+    # the work
+
+    async def _prepare(self, ref: ClaimRef) -> PrepareResult:
+        done = self.prepared.get(ref.uid)
+        if done is not None:
+            return PrepareResult(done.devices)
+        started = time.monotonic()
+        try:
+            obj = await self._api.get_claim(ref.namespace, ref.name)
+        except BackendError as exc:
+            return self._refused(ref, f"claim {ref}: cannot read it: {exc}")
+        settings = self._view.settings
+        try:
+            claim = await asyncio.to_thread(parse_claim, obj, ref, self.driver)
+            devices = check_devices(
+                claim,
+                self.devices,
+                pool=self.node,
+                unhealthy=self._view.unhealthy,
+                prepared=self.prepared,
+            )
+            sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
+        except ClaimError as exc:
+            return self._refused(ref, str(exc))
+        result = prepared_devices(claim, devices, self.opts, self._toolkit())
+        spec = ""
+        if devices:
+            spec = spec_file_name(self.opts, ref.uid)
+            text = claim_spec(
+                ref.uid,
+                devices,
+                sharing,
+                self.opts,
+                mps_root=settings.allocate.mps_root,
+                dev_root=settings.allocate.dev_root,
+                control_devices=self._control,
+            )
+            try:
+                await self._specs.write(spec, text)
+            except BackendError as exc:
+                return self._refused(ref, f"claim {ref}: {exc}")
+        self.prepared[ref.uid] = PreparedClaim(ref, result, spec)
+        try:
+            await self._checkpoint.save(self.prepared)
+        except BackendError as exc:
+            del self.prepared[ref.uid]
+            if spec:
+                await self._remove_quietly(spec)
+            return self._refused(ref, f"claim {ref}: {exc}")
+        log.info("dra_claim_prepared", claim=str(ref), uid=ref.uid,
+                 devices=",".join(d.device for d in result),
+                 ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+        return PrepareResult(result)
+
+    async def _unprepare(self, ref: ClaimRef) -> str:
+        done = self.prepared.get(ref.uid)
+        if done is None:
+            return ""
+        try:
+            if done.spec:
+                await self._specs.remove(done.spec)
+            remaining = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
+            await self._checkpoint.save(remaining)
+        except BackendError as exc:
+            log.error("dra_unprepare_failed", claim=str(done.ref), uid=ref.uid, error=str(exc))
+            return f"claim {done.ref}: {exc}"
+        self.prepared = remaining
+        log.info("dra_claim_unprepared", claim=str(done.ref), uid=ref.uid)
+        return ""
+
+    def _refused(self, ref: ClaimRef, why: str) -> PrepareResult:
+        log.warning("dra_claim_refused", claim=str(ref), uid=ref.uid, error=why)
+        return PrepareResult(error=why)
+
+    async def _remove_quietly(self, spec: str) -> None:
+        try:
+            await self._specs.remove(spec)
+        except BackendError as exc:
+            log.error("dra_spec_not_removed", spec=spec, error=str(exc))

@@ -1,0 +1,157 @@
+"""DraFrontEnd: the DRA kubelet plugin as one front-end of the node.
+
+It serves the resources the node's settings build, except those kept on the
+device-plugin API (per node each extended-resource name has one front-end). `prepare`
+builds the DRA devices of a new snapshot and settings; its step hands them to the
+driver. `run` loads the checkpoint, serves both sockets, and then follows the node:
+every change of the devices or of their health refreshes the health stream and
+publishes the slices (a failed publish is retried with backoff), and a socket found
+deleted (a kubelet directory wiped on restart) is served again within `check_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
+
+import structlog
+
+from gpuslice.config.settings import Settings
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.dra.devices import build_devices, dra_resources
+from gpuslice.core.dra.slices import published
+from gpuslice.core.errors import BackendError, GpusliceError
+from gpuslice.core.ports import DraEndpoint
+from gpuslice.core.resources import build_resources
+from gpuslice.core.restart import Backoff
+from gpuslice.services.dra.driver import DraDriver
+from gpuslice.services.dra.publisher import SlicePublisher
+from gpuslice.services.dra.view import DeviceView
+
+log = structlog.get_logger("gpuslice.dra")
+PUBLISH_RETRY = Backoff(first_s=0.5, max_s=30.0)
+
+
+class DraFrontEnd:
+    name = "dra"
+
+    def __init__(
+        self,
+        view: DeviceView,
+        driver: DraDriver,
+        publisher: SlicePublisher,
+        endpoint: DraEndpoint,
+        *,
+        device_plugin: Collection[str] = (),
+        pcie_roots: Mapping[str, str] | None = None,
+        check_s: float = 1.0,
+        retry: Backoff = PUBLISH_RETRY,
+    ) -> None:
+        self._view = view
+        self.driver = driver
+        self.publisher = publisher
+        self.endpoint = endpoint
+        self._device_plugin = frozenset(device_plugin)
+        self._roots = dict(pcie_roots or {})
+        self._check_s = check_s
+        self._retry = retry
+        self._poked = asyncio.Event()
+        self.socket_restarts = 0
+        self.published = asyncio.Event()  # set after each successful publish
+        self.publish_error: str | None = None
+        self.failed = asyncio.Event()
+        self.error: GpusliceError | None = None
+
+    def prepare(
+        self, snapshot: HardwareSnapshot, settings: Settings
+    ) -> Callable[[], Awaitable[None]]:
+        resources = dra_resources(
+            build_resources(snapshot, settings.resources), self._device_plugin
+        )
+        devices = build_devices(snapshot, resources, self._roots)
+
+        async def step() -> None:
+            await self.driver.set_devices(devices)
+            self._poked.set()
+
+        return step
+
+    async def run(self) -> None:
+        await self.driver.restore()
+        await self.endpoint.start()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._follow())
+                group.create_task(self._keep_sockets())
+        finally:
+            await self.endpoint.stop()
+
+    def ready(self) -> bool:
+        return self.endpoint.registered() and not self.publisher.pending
+
+    def status(self) -> Mapping[str, object]:
+        out: dict[str, Any] = {
+            "driver": self.driver.driver,
+            "registered": self.endpoint.registered(),
+            "generation": self.publisher.generation,
+            "devices": len(self.driver.devices),
+            "preparedClaims": len(self.driver.prepared),
+        }
+        if self.publish_error:
+            out["publishError"] = self.publish_error
+        return out
+
+    async def stop(self) -> None:
+        await self.endpoint.stop()
+
+    async def _follow(self) -> None:
+        attempt = 0
+        while True:
+            seen = self._view.generation
+            self._poked.clear()
+            await self.driver.refresh_health()
+            entries = published(
+                self.driver.devices.values(), self._view.unhealthy, self.publisher.opts
+            )
+            delay: float | None = None
+            try:
+                if await self.publisher.publish(entries) or attempt:
+                    self.published.set()
+                    self.published = asyncio.Event()
+                attempt, self.publish_error = 0, None
+            except BackendError as exc:
+                attempt += 1
+                delay = self._retry.delay(attempt)
+                self.publish_error = str(exc)
+                log.warning("dra_publish_failed", error=str(exc), retry_s=delay)
+            await self._wait(seen, delay)
+
+    async def _wait(self, seen: int, delay: float | None) -> None:
+        """Until the node changes, a step pokes, or `delay` passes."""
+        waits = [
+            asyncio.ensure_future(self._view.wait_changed(seen)),
+            asyncio.ensure_future(self._poked.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _keep_sockets(self) -> None:
+        while True:
+            await asyncio.sleep(self._check_s)
+            if self.endpoint.sockets_present():
+                continue
+            log.warning("dra_socket_gone", driver=self.driver.driver)
+            await self.endpoint.stop()
+            try:
+                await self.endpoint.start()
+            except GpusliceError as exc:
+                log.error("dra_socket_not_served", error=str(exc))
+                continue
+            self.socket_restarts += 1
