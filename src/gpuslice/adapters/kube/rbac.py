@@ -59,6 +59,16 @@ RULES: tuple[Rule, ...] = (
          "read and follow the ConfigMap of per-node configs (only with CONFIG_MAP)"),
 )  # fmt: skip
 
+# With DRA on (the chart's dra.enabled): the node's ResourceSlices (listed by node and
+# driver, written, replaced on each change, deleted when the pool shrinks) and the
+# ResourceClaims the kubelet asks to prepare (read by name).
+DRA_RULES: tuple[Rule, ...] = (
+    Rule((objects.DRA_GROUP,), ("resourceslices",), ("list", "create", "update", "delete"),
+         Scope.CLUSTER, "publish this node's ResourceSlices (DRA)"),
+    Rule((objects.DRA_GROUP,), ("resourceclaims",), ("get",), Scope.CLUSTER,
+         "read the allocation and config of a claim the kubelet asks to prepare (DRA)"),
+)  # fmt: skip
+
 
 def rules_in(scope: Scope) -> list[dict[str, Any]]:
     """The PolicyRules of one ClusterRole (CLUSTER) or Role (the others)."""

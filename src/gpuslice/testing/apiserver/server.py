@@ -9,6 +9,7 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
   resourceVersion and answers 409 on a mismatch); 404 for every such path while
   `nfd_installed` is False, as when NFD's CRD is missing;
+- resource.k8s.io/v1 ResourceSlices and ResourceClaims (dra.py);
 - GET of pods; POST of events (generateName honoured; an Event about a cluster-scoped
   object outside namespace default is refused with 422, as validation does);
 - with `grants` set, every request that no grant covers is refused with 403 Forbidden.
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from gpuslice.testing.apiserver.access import Grant, access_of, allowed, forbidden
+from gpuslice.testing.apiserver.dra import DraObjects
 from gpuslice.testing.apiserver.status import (
     REASONS,
     invalid,
@@ -74,6 +76,7 @@ class FakeApiServer:
         self.features: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.dra = DraObjects(self._bump)  # ResourceSlices and ResourceClaims
         self.requests: list[Request] = []
         self.expired_below = 0
         self.nfd_installed = True
@@ -303,6 +306,9 @@ class FakeApiServer:
 
     def _route(self, req: Request) -> tuple[int, Any]:
         parts = req.path.strip("/").split("/")
+        dra = self.dra.route(req.method, req.path, req.query, req.body)
+        if dra is not None:
+            return dra
         if req.path.startswith(NODES + "/") and req.method == "GET":
             node = self.nodes.get(parts[3])
             return (200, node) if node else (404, not_found("nodes", parts[3]))

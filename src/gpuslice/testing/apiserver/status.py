@@ -9,6 +9,7 @@ REASONS = {
     201: "Created",
     403: "Forbidden",
     404: "Not Found",
+    405: "Method Not Allowed",
     409: "Conflict",
     410: "Gone",
     422: "Unprocessable Entity",

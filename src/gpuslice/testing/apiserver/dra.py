@@ -1,0 +1,154 @@
+"""resource.k8s.io/v1 in the API server stand-in: ResourceSlices (cluster-scoped: list
+with field selectors spec.nodeName and spec.driver, get, create, update with the
+resourceVersion check, delete) and ResourceClaims (namespaced: get), with the checks the
+real server makes that a driver can trip over: a slice's driver and pool name are
+required, the pool's slice count must be positive, and at most 128 devices go in a
+slice (64 when one carries taints).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpuslice.testing.apiserver.status import invalid, not_found, status
+
+DRA = "/apis/resource.k8s.io/v1/"
+SLICES = DRA + "resourceslices"
+SLICE_QUALIFIED = "resourceslices.resource.k8s.io"
+CLAIM_QUALIFIED = "resourceclaims.resource.k8s.io"
+
+
+class DraObjects:
+    """The stored slices and claims; `bump` gives the next resourceVersion."""
+
+    def __init__(self, bump: Callable[[], str]) -> None:
+        self._bump = bump
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self._uids = itertools.count(1)
+
+    # the cluster side
+
+    def put_claim(
+        self,
+        namespace: str,
+        name: str,
+        results: Sequence[Mapping[str, Any]] = (),
+        config: Sequence[Mapping[str, Any]] = (),
+        *,
+        uid: str | None = None,
+        allocated: bool = True,
+    ) -> dict[str, Any]:
+        """A ResourceClaim as the scheduler leaves it: allocated to `results` (each with
+        request, driver, pool, device) with `config` copied into the allocation."""
+        uid = uid or f"claim-uid-{next(self._uids)}"
+        meta = {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": self._bump()}
+        claim: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": meta,
+            "spec": {"devices": {"requests": []}},
+            "status": {},
+        }
+        if allocated:
+            devices = {"results": [dict(r) for r in results], "config": [dict(c) for c in config]}
+            claim["status"]["allocation"] = {"devices": devices}
+        self.claims[(namespace, name)] = claim
+        return claim
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]:
+        return [s for s in self.slices.values() if s["spec"].get("nodeName") == node]
+
+    def node_devices(self, node: str) -> dict[str, dict[str, Any]]:
+        """Device name -> entry, over the node's slices of its newest pool generation."""
+        slices = self.node_slices(node)
+        newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+        return {
+            d["name"]: d
+            for s in slices
+            if s["spec"]["pool"]["generation"] == newest
+            for d in s["spec"].get("devices", [])
+        }
+
+    # HTTP
+
+    def route(
+        self, method: str, path: str, query: Mapping[str, str], body: Any
+    ) -> tuple[int, Any] | None:
+        """The answer to a resource.k8s.io request; None for other paths."""
+        if not path.startswith(DRA):
+            return None
+        parts = path[len(DRA) :].strip("/").split("/")
+        if parts[0] == "resourceslices":
+            return self._slices(method, parts[1] if len(parts) > 1 else None, query, body)
+        if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "resourceclaims":
+            if method != "GET":
+                return 405, status(405, "MethodNotAllowed", "the stand-in only reads claims")
+            found = self.claims.get((parts[1], parts[3]))
+            return (200, found) if found else (404, not_found(CLAIM_QUALIFIED, parts[3]))
+        return None
+
+    def _slices(
+        self, method: str, name: str | None, query: Mapping[str, str], body: Any
+    ) -> tuple[int, Any]:
+        if method == "GET" and name is None:
+            wanted = _selector(query.get("fieldSelector", ""))
+            items = [s for s in self.slices.values() if _matches(s, wanted)]
+            meta = {"resourceVersion": self._bump()}
+            return 200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                         "metadata": meta, "items": items}  # fmt: skip
+        if method in ("GET", "DELETE"):
+            found = self.slices.get(name or "")
+            if found is None:
+                return 404, not_found(SLICE_QUALIFIED, name or "")
+            if method == "DELETE":
+                del self.slices[name or ""]
+            return 200, found
+        key = body["metadata"]["name"]
+        stored = self.slices.get(key)
+        if method == "POST" and stored is not None:
+            return 409, status(409, "AlreadyExists", f'{SLICE_QUALIFIED} "{key}" already exists')
+        if method == "PUT" and (
+            stored is None
+            or body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]
+        ):
+            message = (
+                f'Operation cannot be fulfilled on {SLICE_QUALIFIED} "{key}": the object has '
+                "been modified; please apply your changes to the latest version and try again"
+            )
+            return 409, status(409, "Conflict", message)
+        problem = _invalid(body)
+        if problem is not None:
+            return 422, invalid("ResourceSlice", key, *problem)
+        body["metadata"]["resourceVersion"] = self._bump()
+        self.slices[key] = body
+        return (201 if method == "POST" else 200), body
+
+
+def _invalid(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    spec = body.get("spec", {})
+    pool = spec.get("pool", {})
+    devices = spec.get("devices") or []
+    limit = 64 if any(d.get("taints") for d in devices) else 128
+    if not spec.get("driver"):
+        return "spec.driver", "", "Required value"
+    if not pool.get("name"):
+        return "spec.pool.name", "", "Required value"
+    if pool.get("resourceSliceCount", 0) < 1:
+        return "spec.pool.resourceSliceCount", str(pool.get("resourceSliceCount")), "must be > 0"
+    if len(devices) > limit:
+        return "spec.devices", str(len(devices)), f"must have at most {limit} items"
+    return None
+
+
+def _selector(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+
+
+def _matches(obj: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:
+    spec = obj.get("spec", {})
+    fields = {"spec.nodeName": spec.get("nodeName"), "spec.driver": spec.get("driver"),
+              "metadata.name": obj["metadata"]["name"]}  # fmt: skip
+    return all(fields.get(k) == v for k, v in wanted.items())

@@ -1,0 +1,177 @@
+"""The DRA front-end on simulated hardware, against the kubelet stand-in's DRA side and
+the API server stand-in, over real unix sockets, real files and real HTTP.
+
+DraRig starts DraFrontEnd with the real driver, publisher, gRPC server, checkpoint file,
+CDI spec directory and Kubernetes client; only the GPUs (the fake backend's snapshot)
+and the cluster (the stand-ins) are simulated. The node's health is NodeHealth: the
+unhealthy set with a generation, as the node state hands it to front-ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient, KubeConfig
+
+from gpuslice.adapters.cdi_claims import ClaimSpecDir
+from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.kube.dra_api import KubeDraApi
+from gpuslice.adapters.kubelet.dra_checkpoint import ClaimCheckpointFile
+from gpuslice.adapters.kubelet.dra_server import DraServer
+from gpuslice.config.settings import Settings
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.dra.devices import DraOptions
+from gpuslice.services.dra.driver import DraDriver
+from gpuslice.services.dra.frontend import DraFrontEnd
+from gpuslice.services.dra.publisher import SlicePublisher
+from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
+from gpuslice.testing.kubelet.dra import DraKubeletStandin
+from gpuslice.wiring import RunOptions, settings
+
+NODE = "node-a"
+DRIVER = "gpu.nvidia.com"
+WAIT_S = 5.0
+
+
+class NodeHealth:
+    """The node's unhealthy set and settings, with a generation bumped on every change."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.unhealthy: frozenset[str] = frozenset()
+        self.generation = 0
+        self._cond = asyncio.Condition()
+
+    async def mark(self, *uuids: str) -> None:
+        async with self._cond:
+            self.unhealthy = frozenset(uuids)
+            self.generation += 1
+            self._cond.notify_all()
+
+    async def wait_changed(self, seen: int) -> int:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.generation != seen)
+        return self.generation
+
+
+def node_settings(tmp: Path, config: str | None = None, **flags: str) -> Settings:
+    values = dict(flags)
+    if config is not None:
+        path = tmp / "config.yaml"
+        path.write_text(config, encoding="utf-8")
+        values["config-file"] = str(path)
+    return settings(RunOptions(cli_values=values))
+
+
+@dataclass
+class DraRig:
+    """One running front-end and what tests drive and observe it with."""
+
+    api: FakeApiServer
+    kubelet: DraKubeletStandin
+    root: str  # registry/, plugins/<driver>/, cdi/ below it
+    snapshot: HardwareSnapshot
+    health: NodeHealth
+    opts: DraOptions
+    frontend: DraFrontEnd = field(init=False)
+    task: asyncio.Task[None] | None = None
+    client: AsyncClient | None = None
+
+    @property
+    def registry(self) -> str:
+        return os.path.join(self.root, "registry")
+
+    @property
+    def plugin_dir(self) -> str:
+        return os.path.join(self.root, "plugins", DRIVER)
+
+    @property
+    def cdi_dir(self) -> str:
+        return os.path.join(self.root, "cdi")
+
+    def gpu(self, index: int) -> str:
+        return self.snapshot.gpus[index].uuid
+
+    async def start(self, **kw: Any) -> None:
+        """Start a front-end (a new one after stop(): an agent restart)."""
+        config = KubeConfig.from_file(write_kubeconfig(Path(self.root), self.api.url))
+        self.client = AsyncClient(config=config, trust_env=False)
+        api = KubeDraApi(self.client)
+        driver = DraDriver(
+            node=NODE,
+            opts=self.opts,
+            view=self.health,
+            api=api,
+            checkpoint=ClaimCheckpointFile(self.plugin_dir),
+            specs=ClaimSpecDir(self.cdi_dir),
+            toolkit=kw.pop("toolkit", dict),
+        )
+        endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
+        publisher = SlicePublisher(api, node=NODE, opts=self.opts)
+        self.frontend = DraFrontEnd(self.health, driver, publisher, endpoint, check_s=0.05, **kw)
+        await self.frontend.prepare(self.snapshot, self.health.settings)()
+        self.task = asyncio.create_task(self.frontend.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def published(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """Wait until the node's newest slices hold devices satisfying `predicate`."""
+        await self.api.wait_for(lambda s: predicate(s.dra.node_devices(NODE)))
+        return self.api.dra.node_devices(NODE)
+
+    def put_claim(self, name: str, *devices: str, config: Iterable[dict[str, Any]] = (),
+                  **result: Any) -> tuple[str, str, str]:  # fmt: skip
+        """An allocated claim in namespace ml; its (namespace, uid, name)."""
+        results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d, **result}
+                   for d in devices]  # fmt: skip
+        claim = self.api.dra.put_claim("ml", name, results, list(config))
+        return ("ml", claim["metadata"]["uid"], name)
+
+    def spec_files(self) -> list[str]:
+        return sorted(os.listdir(self.cdi_dir)) if os.path.isdir(self.cdi_dir) else []
+
+
+@contextlib.asynccontextmanager
+async def dra_rig(
+    root: str,
+    tmp: Path,
+    *,
+    hardware: str = "dgx-a100",
+    config: str | None = None,
+    opts: DraOptions | None = None,
+    flags: dict[str, str] | None = None,
+    **kw: Any,
+) -> AsyncIterator[DraRig]:
+    backend = FakeBackend.from_spec(hardware)
+    try:
+        snapshot = backend.snapshot()
+    finally:
+        backend.close()
+    health = NodeHealth(node_settings(tmp, config, **(flags or {})))
+    async with FakeApiServer() as api:
+        kubelet = DraKubeletStandin(os.path.join(root, "registry"), os.path.join(root, "cdi"))
+        rig = DraRig(api, kubelet, root, snapshot, health, opts or DraOptions())
+        await rig.start(**kw)
+        try:
+            yield rig
+        finally:
+            await kubelet.close()
+            await rig.stop()
+
+
+def uids(*claims: tuple[str, str, str]) -> list[str]:
+    return [uid for _, uid, _ in claims]
