@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -140,6 +141,9 @@ class DraRig:
                    for d in devices]  # fmt: skip
         claim = self.api.dra.put_claim("ml", name, results, list(config))
         return ("ml", claim["metadata"]["uid"], name)
+
+    def checkpoint(self) -> dict[str, Any]:
+        return dict(json.loads(Path(self.plugin_dir, "checkpoint.json").read_text()))
 
     def spec_files(self) -> list[str]:
         return sorted(os.listdir(self.cdi_dir)) if os.path.isdir(self.cdi_dir) else []

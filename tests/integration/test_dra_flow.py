@@ -5,13 +5,12 @@ claim UID, refusals that reach the pod, and restarts of the kubelet and of the a
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_harness import remove_dir, short_dir
+from agent_harness import is_socket, remove_dir, short_dir
 from dra_harness import DRIVER, NODE, DraRig, dra_rig
 
 from gpuslice.core.dra.devices import DraOptions
@@ -77,8 +76,7 @@ async def test_a_pod_claim_is_prepared_resolved_and_unprepared(rig: DraRig) -> N
     assert "/dev/nvidiactl" in edits["deviceNodes"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
     assert rig.spec_files() == [f"k8s.gpu.nvidia.com-claim_{uid}.json"]
-    with open(os.path.join(rig.plugin_dir, "checkpoint.json"), encoding="utf-8") as f:
-        assert uid in json.load(f)["claims"]
+    assert uid in rig.checkpoint()["claims"]
 
     # the same claim again (a second pod, a kubelet retry): the same answer, no API read
     reads = len(rig.api.of("GET", "resourceclaims"))
@@ -154,7 +152,7 @@ async def test_a_kubelet_restart_that_wipes_the_sockets_finds_them_served_again(
     claim = rig.put_claim("a", GPU0)
     first = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]]
     await rig.kubelet.restart(wipe=True)
-    assert not os.path.exists(os.path.join(rig.registry, f"{DRIVER}-reg.sock"))
+    assert not is_socket(os.path.join(rig.registry, f"{DRIVER}-reg.sock"))
     await rig.kubelet.discover(DRIVER)  # waits for the socket to be back
     assert rig.frontend.socket_restarts == 1
     # the restarted kubelet prepares the running pod's claim again: same answer
