@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources
+from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.labels import label_node
 from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
 from gpuslice.wiring import (
     RunOptions,
+    dra_device_plugin_resources,
+    dra_options,
     effective_config,
     label_flags,
     machine_type,
@@ -20,7 +26,10 @@ from gpuslice.wiring import (
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
     """One JSON-able report; `resources` maps each advertised name to its device count,
     `gpus` lists each GPU with the resources serving it (`servedAs`), `labels` each node
-    label (GFD's, without the timestamp) to its value."""
+    label (GFD's, without the timestamp) to its value. With --dra, `frontEnds` names the
+    front-end serving each resource and `resourceSlices` holds the ResourceSlices this
+    node would publish, as they are sent to the API server."""
+    dra = dra_options(opts)
     loaded = effective_config(opts)
     cfg = settings_from(loaded, opts, plugin=True)
     backend = open_backend(opts)
@@ -31,7 +40,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     resources = build_resources(snapshot, cfg.resources)
     machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
     labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
-    return {
+    report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
         "details": [
             {
@@ -63,6 +72,24 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
             *labelled.warnings,
         ],
+    }
+    if dra is not None:
+        report.update(dra_report(snapshot, resources, dra, opts))
+    return report
+
+
+def dra_report(
+    snapshot: HardwareSnapshot, resources: Sequence[Resource], dra: DraOptions, opts: RunOptions
+) -> dict[str, Any]:
+    """Which front-end serves each resource, and the slices of the DRA devices."""
+    kept = dra_device_plugin_resources(opts)
+    served = dra_resources(resources, kept)
+    entries = published(build_devices(snapshot, served), frozenset(), dra)
+    node = opts.get("node-name") or platform.node()
+    on_dra = {r.name for r in served}
+    return {
+        "frontEnds": {r.name: "dra" if r.name in on_dra else "device-plugin" for r in resources},
+        "resourceSlices": build_slices(entries, node=node, opts=dra, generation=1),
     }
 
 
@@ -101,6 +128,13 @@ def render_table(report: dict[str, Any]) -> str:
         lines += ["", *_columns(gpu_rows)]
     if report["labels"]:
         lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
+    if "resourceSlices" in report:
+        slices = report["resourceSlices"]
+        names = [d["name"] for s in slices for d in s["spec"]["devices"]]
+        driver = slices[0]["spec"]["driver"]
+        lines += ["", f"DRA: driver {driver}, {len(names)} devices in {len(slices)} ResourceSlices"]
+        lines += [f"  {name}" for name in names]
+        lines += [f"front-end of {r}: {fe}" for r, fe in sorted(report["frontEnds"].items())]
     lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
 

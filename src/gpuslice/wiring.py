@@ -18,12 +18,20 @@ from gpuslice.adapters.kubelet.dirlock import Holder, claim
 from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
 from gpuslice.config import settings as config_settings
 from gpuslice.config.checks import duration_seconds, show
-from gpuslice.config.flags import FALSE_WORDS, FLAGS_BY_NAME, resolve, setting, with_defaults
+from gpuslice.config.flags import (
+    FALSE_WORDS,
+    FLAGS_BY_NAME,
+    TRUE_WORDS,
+    resolve,
+    setting,
+    with_defaults,
+)
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.settings import Settings
 from gpuslice.config.v1 import Config, Flags
 from gpuslice.core.cdi import EXTRA_NODES
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
+from gpuslice.core.dra.devices import DraOptions
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
@@ -495,3 +503,20 @@ def accounting(
 
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+def dra_options(opts: RunOptions) -> DraOptions | None:
+    """How DRA is served (--dra and its flags, checked up front); None when it is off."""
+    if opts.get("dra").strip().lower() not in TRUE_WORDS:
+        return None
+    return DraOptions(
+        driver=opts.get("dra-driver-name").strip(),
+        consumable_shares=opts.get("dra-consumable-shares").strip().lower() in TRUE_WORDS,
+        taint_unhealthy=opts.get("dra-taint-unhealthy").strip().lower() in TRUE_WORDS,
+    )
+
+
+def dra_device_plugin_resources(opts: RunOptions) -> frozenset[str]:
+    """The resources kept on the device-plugin API while DRA is on."""
+    text = opts.get("dra-device-plugin-resources")
+    return frozenset(name.strip() for name in text.split(",") if name.strip())

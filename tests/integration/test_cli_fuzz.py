@@ -44,6 +44,7 @@ FREE_FORM = {
     "--cdi-spec-dir", "--node-name", "--node-label", "--default-config", "--namespace",
     "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket", "--proc-root",
     "--mps-control-binary",  # run only under sharing.mps; a bad one holds MPS replicas back
+    "--dra-plugins-dir", "--dra-registry-dir",  # used (created) only with --dra
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no

@@ -26,7 +26,7 @@ NOT_SHOWN = {
                "--imex-channel-ids", "--cdi-annotation-prefix", "--kube-api-qps",
                "--kube-api-burst", "--fake-events", "--gdrcopy-enabled", "--driver-root"],
     "inspect": ["--kubelet-socket", "--status-address", "--kube-api-qps", "--kube-api-burst",
-                "--node-name", "--namespace", "--kubeconfig", "--pod-name", "--labels",
+                "--namespace", "--dra-plugins-dir", "--dra-registry-dir", "--kubeconfig", "--pod-name", "--labels",
                 "--oneshot", "--sleep-interval", "--output-file", "--no-timestamp",
                 "--fake-events", "--log-level", "--log-format", "--device-list-strategy",
                 "--fail-on-init-error", "--use-node-feature-api", "--config-file-srcdir"],
@@ -39,7 +39,8 @@ SHOWN = {
     "labels": ["--oneshot", "--sleep-interval", "--output-file", "--node-name", "--kubeconfig",
                "--config-file", "--fake-hardware", "--log-level", "--log-format"],
     "inspect": ["--config-file", "--config-name", "--fake-hardware", "--mig-strategy",
-                "--output"],
+                "--output", "--dra", "--dra-driver-name", "--dra-device-plugin-resources",
+                "--node-name"],
     "demo": ["--profile", "--verbose"],
     "config validate": ["--config-name"],
 }  # fmt: skip

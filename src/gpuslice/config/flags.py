@@ -9,7 +9,7 @@ and hands the explicitly given ones to resolve() as strings.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, reduce
 from typing import Any
@@ -29,6 +29,7 @@ from gpuslice.config.checks import (
 )
 from gpuslice.config.decode import config_error
 from gpuslice.config.v1 import Config
+from gpuslice.core.dra.devices import driver_name_problem
 from gpuslice.core.response import LIST_STRATEGIES
 from gpuslice.core.selection import DEFAULT_FALLBACKS, DEFAULT_LABEL
 from gpuslice.core.selection import FALLBACKS as SELECTION_FALLBACKS
@@ -65,6 +66,7 @@ class Flag:
     # further commands that take it without effect, as upstream's binary for that job
     # does (a DaemonSet's arguments keep working); left out of their --help
     accepts: frozenset[str] = frozenset()
+    check: Callable[[str], str] | None = None  # why a value (each item) is refused, or ""
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -207,8 +209,8 @@ FLAGS: tuple[Flag, ...] = (
     _flag("cdi-spec-dir", "CDI_SPEC_DIR", None, "/var/run/cdi",
           "directory of the CDI specs written under a cdi-* device-list strategy"),
     _flag("node-name", "NODE_NAME", None, "",
-          "this node's name (labels, per-node config, events)",
-          uses="run labels"),
+          "this node's name (labels, per-node config, events, the DRA pool)",
+          uses="run labels inspect"),
     _flag("node-label", "NODE_LABEL", None, DEFAULT_LABEL,
           "node label that names the config to use"),
     _flag("config-file-srcdir", "CONFIG_FILE_SRCDIR", None, "",
@@ -256,6 +258,28 @@ FLAGS: tuple[Flag, ...] = (
           "what to do with a container over its GPU memory budget on a time-sliced replica: "
           "report, unhealthy (hold its GPU's replicas Unhealthy) or terminate (SIGKILL its "
           "largest process)", choices=("report", "unhealthy", "terminate")),
+    _flag("dra", "GPUSLICE_DRA", None, False,
+          "also serve Dynamic Resource Allocation: a DRA kubelet plugin publishing this "
+          "node's ResourceSlices", kind=BOOL, uses="run inspect"),
+    _flag("dra-driver-name", "GPUSLICE_DRA_DRIVER_NAME", None, "gpu.nvidia.com",
+          "the DRA driver name (NVIDIA's by default, so its claims and classes work)",
+          uses="run inspect", check=driver_name_problem),
+    _flag("dra-device-plugin-resources", "GPUSLICE_DRA_DEVICE_PLUGIN_RESOURCES", None, (),
+          "resources that stay on the device-plugin API when DRA is on (comma-separated); "
+          "DRA serves the others, and each name has one front-end", kind=LIST,
+          uses="run inspect", check=lambda name: _resource_problem(name)),
+    _flag("dra-consumable-shares", "GPUSLICE_DRA_CONSUMABLE_SHARES", None, False,
+          "publish a replicated GPU once with consumable capacity `shares` (Kubernetes "
+          "1.36 DRAConsumableCapacity)", kind=BOOL, uses="run inspect"),
+    _flag("dra-taint-unhealthy", "GPUSLICE_DRA_TAINT_UNHEALTHY", None, False,
+          "taint unhealthy DRA devices NoSchedule (1.36 DRADeviceTaints) instead of "
+          "withdrawing them", kind=BOOL, uses="run inspect"),
+    _flag("dra-plugins-dir", "GPUSLICE_DRA_PLUGINS_DIR", None, "/var/lib/kubelet/plugins",
+          "the kubelet's plugins directory; the DRA socket and checkpoint go in "
+          "<this>/<driver name>"),
+    _flag("dra-registry-dir", "GPUSLICE_DRA_REGISTRY_DIR", None,
+          "/var/lib/kubelet/plugins_registry",
+          "the kubelet's plugin registration directory"),
     _flag("memory-budget", "GPUSLICE_MEMORY_BUDGET", None, "",
           'per-replica memory budgets by resource, "nvidia.com/gpu.shared=10Gi,..." '
           "(default: the replica's share of its GPU's memory)"),
@@ -273,6 +297,15 @@ _EXPECTED_KIND = {
     DURATION: 'a positive duration such as "10s" or "500ms"',
 }
 _ADDRESS = re.compile(r"(\[[0-9A-Za-z:.%]+\]|[^\s:\[\]]*):([0-9]{1,5})")
+
+
+_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _resource_problem(name: str) -> str:
+    if len(name) > 253 or not _RESOURCE.fullmatch(name):
+        return f"got {show(name)}; expected extended resource names such as nvidia.com/gpu"
+    return ""
 
 
 class GfdEnv(dict[str, str]):
@@ -331,6 +364,9 @@ def check_settings(cli_values: Mapping[str, str], env: Mapping[str, str]) -> dic
                 allowed = "one of " + ", ".join(flag.choices)
                 allowed += f" (did you mean {hint}?)" if hint else ""
                 raise config_error(origin, "", f"got {show(item)}; expected {allowed}")
+            problem = flag.check(str(item)) if flag.check else ""
+            if problem:
+                raise config_error(origin, "", problem)
         values[flag.name] = value
     return values
 

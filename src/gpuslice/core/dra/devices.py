@@ -27,12 +27,10 @@ Json = dict[str, object]
 
 @dataclass(frozen=True, slots=True)
 class DraOptions:
-    """How the node serves DRA. NVIDIA's driver and class names by default, so claims
-    and DeviceClasses written for its driver work as they are."""
+    """How the node serves DRA. NVIDIA's driver name by default, so claims and
+    DeviceClasses written for its driver work as they are."""
 
     driver: str = "gpu.nvidia.com"
-    gpu_class: str = "gpu.nvidia.com"
-    mig_class: str = "mig.nvidia.com"
     # Publish a replicated device once with consumable capacity `shares` (Kubernetes
     # 1.36, DRAConsumableCapacity); otherwise several pods share one claim.
     consumable_shares: bool = False
@@ -64,6 +62,15 @@ class DraDevice:
     def shared(self) -> bool:
         """Several claims may hold it at once (time-slicing or MPS replicas)."""
         return self.sharing in (TIME_SLICING, MPS) and self.replicas > 1
+
+
+def driver_name_problem(name: str) -> str:
+    """Why `name` cannot be a DRA driver name (a DNS subdomain of at most 63
+    characters), or ""."""
+    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    if len(name) > 63 or not re.fullmatch(rf"{label}(\.{label})*", name):
+        return f"{name!r} is not a DNS subdomain of at most 63 lower-case characters"
+    return ""
 
 
 def dra_resources(resources: Iterable[Resource], device_plugin: Collection[str]) -> list[Resource]:

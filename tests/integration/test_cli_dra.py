@@ -1,0 +1,61 @@
+"""`gpuslice inspect --dra`: the ResourceSlices this node would publish, as they are sent
+to the API server, and which front-end serves each resource."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from process_harness import run_once
+
+from gpuslice.core.dra.slices import API_VERSION
+
+
+def inspect(*args: str) -> dict[str, object]:
+    result = run_once("inspect", "--node-name", "n1", "--output", "json", *args)
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def test_inspect_prints_the_slices_of_a_simulated_node() -> None:
+    report = inspect("--fake-hardware", "a100-40gb-mig-mixed", "--mig-strategy", "mixed", "--dra")
+    (only,) = report["resourceSlices"]
+    assert only["apiVersion"] == API_VERSION
+    assert only["kind"] == "ResourceSlice"
+    assert only["metadata"] == {"name": "n1-gpu.nvidia.com-0"}
+    spec = only["spec"]
+    assert spec["driver"] == "gpu.nvidia.com"
+    assert spec["nodeName"] == "n1"
+    assert spec["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
+    names = [d["name"] for d in spec["devices"]]
+    assert names[0] == "gpu-0000-00-04-0-mig-1g5gb-10-0"
+    assert "gpu-0000-00-05-0" in names
+    assert len(names) == 5
+    assert set(report["frontEnds"].values()) == {"dra"}
+
+
+def test_resources_kept_on_the_device_plugin_are_not_published(tmp_path: Path) -> None:
+    report = inspect(
+        "--fake-hardware", "a100-40gb-mig-mixed", "--mig-strategy", "mixed", "--dra",
+        "--dra-device-plugin-resources", "nvidia.com/gpu", "--dra-driver-name", "gpu.example.com",
+    )  # fmt: skip
+    assert report["frontEnds"]["nvidia.com/gpu"] == "device-plugin"
+    assert report["frontEnds"]["nvidia.com/mig-1g.5gb"] == "dra"
+    (only,) = report["resourceSlices"]
+    assert only["spec"]["driver"] == "gpu.example.com"
+    assert all("-mig-" in d["name"] for d in only["spec"]["devices"])
+
+
+def test_without_dra_nothing_of_it_is_printed_and_a_bad_driver_name_is_one_line() -> None:
+    assert "resourceSlices" not in inspect("--fake-hardware", "t4")
+    result = run_once("inspect", "--fake-hardware", "t4", "--dra", "--dra-driver-name", "GPU!")
+    assert result.returncode != 0
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "--dra-driver-name (GPUSLICE_DRA_DRIVER_NAME): 'GPU!' is not a DNS subdomain of at "
+            "most 63 lower-case characters"
+        )
+    )
+    assert "Traceback" not in result.stderr
