@@ -1,0 +1,218 @@
+"""DRA: NodePrepareResources latency against a no-op DRA server, and how long a health
+change takes to reach the ResourceSlices in the API.
+
+The DRA front-end runs in this process as `gpuslice run --dra` builds it (driver,
+publisher, gRPC sockets, checkpoint file, CDI spec directory, lightkube client) on a
+simulated dgx-a100 against the API server stand-in. Each timed prepare is a claim never
+prepared before: the ResourceClaim is read over HTTP, checked, its CDI spec and the
+checkpoint written (fsync'ed), and it is unprepared again, untimed, before the next. The
+no-op server answers the same request message with a prebuilt response on an identical
+grpc.aio server; blocks alternate between the two. The kubelet gives a plugin 45 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from lightkube import AsyncClient, KubeConfig
+
+from bench.harness import MS, Figure, Target, now, percentile
+from bench.plan import Plan
+from bench.rigs import scratch
+from gpuslice.adapters.cdi_claims import ClaimSpecDir
+from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.kube.dra_api import KubeDraApi
+from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as dra
+from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from gpuslice.adapters.kubelet.api import unix_target
+from gpuslice.adapters.kubelet.dra_checkpoint import ClaimCheckpointFile
+from gpuslice.adapters.kubelet.dra_server import DraServer
+from gpuslice.config.settings import Settings
+from gpuslice.core.dra.devices import DraOptions
+from gpuslice.services.dra.driver import DraDriver
+from gpuslice.services.dra.frontend import DraFrontEnd
+from gpuslice.services.dra.publisher import SlicePublisher
+from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
+from gpuslice.wiring import RunOptions, settings
+
+FIGURES = (
+    "dra_prepare_1_p50",
+    "dra_prepare_1_p99",
+    "dra_prepare_8_p50",
+    "dra_prepare_8_p99",
+    "dra_publish_after_health_p99",
+)
+NODE, DRIVER = "bench-node", "gpu.nvidia.com"
+KUBELET_TIMEOUT_MS = 45_000.0
+BLOCK = 10
+NOOP = "no-op NodePrepareResources on an identical grpc.aio server"
+
+
+class Health:
+    """The node's unhealthy set with a generation (the part of the node state DRA reads)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.unhealthy: frozenset[str] = frozenset()
+        self.generation = 0
+        self._cond = asyncio.Condition()
+
+    async def mark(self, *uuids: str) -> None:
+        async with self._cond:
+            self.unhealthy, self.generation = frozenset(uuids), self.generation + 1
+            self._cond.notify_all()
+
+    async def wait_changed(self, seen: int) -> int:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.generation != seen)
+        return self.generation
+
+
+class _Noop(dra_grpc.DRAPluginServicer):
+    def __init__(self) -> None:
+        self.answer = dra.NodePrepareResourcesResponse()
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self.answer
+
+
+@contextlib.asynccontextmanager
+async def dra_rig(work: str) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, Health, Any]]:
+    backend = FakeBackend.from_spec("dgx-a100")
+    snapshot = backend.snapshot()
+    backend.close()
+    health = Health(settings(RunOptions()))
+    async with FakeApiServer() as api:
+        config = KubeConfig.from_file(write_kubeconfig(Path(work), api.url))
+        client = AsyncClient(config=config, trust_env=False)
+        kube = KubeDraApi(client)
+        opts = DraOptions()
+        plugin_dir = os.path.join(work, "plugins", DRIVER)
+        specs = ClaimSpecDir(os.path.join(work, "cdi"))
+        checkpoint = ClaimCheckpointFile(plugin_dir)
+        driver = DraDriver(
+            node=NODE, opts=opts, view=health, api=kube, checkpoint=checkpoint, specs=specs
+        )
+        endpoint = DraServer(driver, registry_dir=os.path.join(work, "reg"), plugin_dir=plugin_dir)
+        frontend = DraFrontEnd(health, driver, SlicePublisher(kube, node=NODE, opts=opts), endpoint)
+        await frontend.prepare(snapshot, health.settings)()
+        task = asyncio.create_task(frontend.run())
+        try:
+            await api.wait_for(lambda s: len(s.dra.node_devices(NODE)) == 8)
+            yield api, frontend, health, snapshot
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()
+
+
+async def prepare_figures(plan: Plan, size: int) -> list[Figure]:
+    calls = max(plan.calls // 10, 10)
+    ours: dict[int, list[float]] = {50: [], 99: []}
+    base: dict[int, list[float]] = {50: [], 99: []}
+    with scratch() as work:
+        async with dra_rig(work) as (api, frontend, _, _):
+            names = sorted(frontend.driver.devices)[:size]
+            results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": n}
+                       for n in names]  # fmt: skip
+            noop_server = grpc.aio.server()
+            dra_grpc.add_DRAPluginServicer_to_server(_Noop(), noop_server)
+            noop_path = os.path.join(work, "noop.sock")
+            noop_server.add_insecure_port(unix_target(noop_path))
+            await noop_server.start()
+            service = frontend.endpoint.service_path  # type: ignore[attr-defined]
+            async with (
+                grpc.aio.insecure_channel(unix_target(service)) as chan,
+                grpc.aio.insecure_channel(unix_target(noop_path)) as noop_chan,
+            ):
+                agent, noop = dra_grpc.DRAPluginStub(chan), dra_grpc.DRAPluginStub(noop_chan)
+                counter = iter(range(10**9))
+
+                async def one(stub: Any) -> float:
+                    name = f"claim-{next(counter)}"
+                    claim = api.dra.put_claim("bench", name, results)
+                    ref = dra.Claim(namespace="bench", uid=claim["metadata"]["uid"], name=name)
+                    request = dra.NodePrepareResourcesRequest(claims=[ref])
+                    t0 = now()
+                    resp = await stub.NodePrepareResources(request)
+                    took = now() - t0
+                    if stub is agent:
+                        if resp.claims[ref.uid].error or len(resp.claims[ref.uid].devices) != size:
+                            raise RuntimeError(f"prepare failed: {resp.claims[ref.uid].error}")
+                        await agent.NodeUnprepareResources(
+                            dra.NodeUnprepareResourcesRequest(claims=[ref])
+                        )
+                    return took
+
+                for trial in range(-1, plan.trials):  # trial -1: warm-up
+                    mine: list[float] = []
+                    theirs: list[float] = []
+                    for _ in range(0, calls, BLOCK):
+                        theirs += [await one(noop) for _ in range(BLOCK)]
+                        mine += [await one(agent) for _ in range(BLOCK)]
+                    if trial >= 0:
+                        for q in (50, 99):
+                            ours[q].append(percentile(mine, q) * 1e3)
+                            base[q].append(percentile(theirs, q) * 1e3)
+            await noop_server.stop(None)
+    detail = {
+        "calls_per_trial": calls,
+        "setup": f"dgx-a100, a new claim of {size} GPU(s) per call, unprepared untimed",
+        "kubelet_timeout_ms": KUBELET_TIMEOUT_MS,
+    }
+    return [
+        Figure(
+            f"dra_prepare_{size}_p{q}",
+            f"NodePrepareResources p{q}, {size} device(s) per claim",
+            MS,
+            ours[q],
+            (Target(KUBELET_TIMEOUT_MS / 1000),),  # a thousandth of the kubelet's timeout
+            base[q],
+            f"{NOOP}, p{q}",
+            detail,
+        )
+        for q in (50, 99)
+    ]
+
+
+async def publish_figure(plan: Plan) -> Figure:
+    flips = max(plan.restarts, 3)
+    values: list[float] = []
+    with scratch() as work:
+        async with dra_rig(work) as (api, frontend, health, snapshot):
+            first = frontend.driver.devices
+            for _ in range(plan.trials):
+                samples = []
+                for i in range(flips):
+                    gpu = snapshot.gpus[i % 8]
+                    name = next(d.name for d in first.values() if d.uuid == gpu.uuid)
+                    t0 = now()
+                    await health.mark(gpu.uuid)
+                    await api.wait_for(lambda s, n=name: n not in s.dra.node_devices(NODE))
+                    samples.append(now() - t0)
+                    await health.mark()
+                    await api.wait_for(lambda s, n=name: n in s.dra.node_devices(NODE))
+                values.append(percentile(samples, 99) * 1e3)
+    return Figure(
+        "dra_publish_after_health_p99",
+        "A GPU marked unhealthy until its device is gone from the API's slices, p99",
+        MS,
+        values,
+        (Target(1000.0),),
+        detail={"flips_per_trial": flips, "setup": "dgx-a100, one pool of one slice"},
+    )
+
+
+async def run(plan: Plan) -> list[Figure]:
+    return [
+        *await prepare_figures(plan, 1),
+        *await prepare_figures(plan, 8),
+        await publish_figure(plan),
+    ]
