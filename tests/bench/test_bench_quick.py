@@ -34,6 +34,11 @@ FIGURES = {
     "rss_growth",
     "sample_cpu",
     "sample_rss_growth",
+    "dra_prepare_1_p50",
+    "dra_prepare_1_p99",
+    "dra_prepare_8_p50",
+    "dra_prepare_8_p99",
+    "dra_publish_after_health_p99",
 }
 
 
