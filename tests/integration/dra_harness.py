@@ -28,9 +28,9 @@ from gpuslice.adapters.kubelet.dra_server import DraServer
 from gpuslice.config.settings import Settings
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
-from gpuslice.services.dra.driver import DraDriver
-from gpuslice.services.dra.frontend import DraFrontEnd
-from gpuslice.services.dra.publisher import SlicePublisher
+from gpuslice.frontends.dra.driver import DraDriver
+from gpuslice.frontends.dra.frontend import DraFrontEnd
+from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
 from gpuslice.wiring import RunOptions, settings

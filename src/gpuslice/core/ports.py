@@ -281,7 +281,7 @@ class MpsControl(Protocol):
 
 
 class DraHandler(Protocol):
-    """What the DRA kubelet plugin serves (services.dra.DraDriver); the kubelet adapter
+    """What the DRA kubelet plugin serves (frontends.dra.DraDriver); the kubelet adapter
     translates protobuf to these calls. Every claim asked for gets an answer."""
 
     @property

@@ -26,9 +26,9 @@ from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.ports import DraEndpoint
 from gpuslice.core.resources import build_resources
 from gpuslice.core.restart import Backoff
-from gpuslice.services.dra.driver import DraDriver
-from gpuslice.services.dra.publisher import SlicePublisher
-from gpuslice.services.dra.view import DeviceView
+from gpuslice.frontends.dra.driver import DraDriver
+from gpuslice.frontends.dra.publisher import SlicePublisher
+from gpuslice.frontends.dra.view import DeviceView
 
 log = structlog.get_logger("gpuslice.dra")
 PUBLISH_RETRY = Backoff(first_s=0.5, max_s=30.0)

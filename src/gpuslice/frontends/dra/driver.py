@@ -36,7 +36,7 @@ from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi
-from gpuslice.services.dra.view import DeviceView
+from gpuslice.frontends.dra.view import DeviceView
 
 log = structlog.get_logger("gpuslice.dra")
 
