@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuslice.testing.apiserver.status import invalid, not_found, status
+from gpuslice.testing.apiserver.status import invalid, not_found, status, write_refusal
 
 DRA = "/apis/resource.k8s.io/v1/"
 SLICES = DRA + "resourceslices"
@@ -108,17 +108,9 @@ class DraObjects:
             return 200, found
         key = body["metadata"]["name"]
         stored = self.slices.get(key)
-        if method == "POST" and stored is not None:
-            return 409, status(409, "AlreadyExists", f'{SLICE_QUALIFIED} "{key}" already exists')
-        if method == "PUT" and (
-            stored is None
-            or body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]
-        ):
-            message = (
-                f'Operation cannot be fulfilled on {SLICE_QUALIFIED} "{key}": the object has '
-                "been modified; please apply your changes to the latest version and try again"
-            )
-            return 409, status(409, "Conflict", message)
+        refused = write_refusal(method, SLICE_QUALIFIED, key, body, stored)
+        if refused is not None:
+            return refused
         problem = _invalid(body)
         if problem is not None:
             return 422, invalid("ResourceSlice", key, *problem)

@@ -40,6 +40,7 @@ from gpuslice.testing.apiserver.status import (
     no_such_resource,
     not_found,
     status,
+    write_refusal,
 )
 from gpuslice.testing.apiserver.watches import DROP, END, Watches
 
@@ -350,18 +351,9 @@ class FakeApiServer:
         body = req.body
         key = (ns, body["metadata"]["name"])
         stored = self.features.get(key)
-        if req.method == "POST" and stored is not None:
-            message = f'{qualified} "{key[1]}" already exists'
-            return 409, status(409, "AlreadyExists", message)
-        if req.method == "PUT" and (
-            stored is None
-            or body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]
-        ):
-            message = (
-                f'Operation cannot be fulfilled on {qualified} "{key[1]}": the object has been '
-                "modified; please apply your changes to the latest version and try again"
-            )
-            return 409, status(409, "Conflict", message)
+        refused = write_refusal(req.method, qualified, key[1], body, stored)
+        if refused is not None:
+            return refused
         body["metadata"]["resourceVersion"] = self._bump()
         self.features[key] = body
         return (201 if req.method == "POST" else 200), body

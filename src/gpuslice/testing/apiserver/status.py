@@ -51,3 +51,22 @@ def invalid(kind: str, name: str, field: str, value: str, problem: str) -> dict[
         f'{kind} "{name}" is invalid: {field}: {detail}',
         {"name": name, "kind": kind, "causes": [cause]},
     )
+
+
+def write_refusal(
+    method: str, qualified: str, name: str, body: dict[str, Any], stored: dict[str, Any] | None
+) -> tuple[int, dict[str, Any]] | None:
+    """409 for a create of an existing object or an update of a changed (or missing) one,
+    as the API server answers them; None when the write may go ahead."""
+    if method == "POST" and stored is not None:
+        return 409, status(409, "AlreadyExists", f'{qualified} "{name}" already exists')
+    if method == "PUT" and (
+        stored is None
+        or body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]
+    ):
+        message = (
+            f'Operation cannot be fulfilled on {qualified} "{name}": the object has been '
+            "modified; please apply your changes to the latest version and try again"
+        )
+        return 409, status(409, "Conflict", message)
+    return None
