@@ -173,7 +173,7 @@ async def prepare_figures(plan: Plan, size: int) -> list[Figure]:
             f"NodePrepareResources p{q}, {size} device(s) per claim",
             MS,
             ours[q],
-            (Target(KUBELET_TIMEOUT_MS / 1000),),  # a thousandth of the kubelet's timeout
+            (Target(KUBELET_TIMEOUT_MS / 100),),  # 1% of the kubelet's timeout
             base[q],
             f"{NOOP}, p{q}",
             detail,
