@@ -101,6 +101,7 @@ async def dra_rig(work: str) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, 
         )
         endpoint = DraServer(driver, registry_dir=os.path.join(work, "reg"), plugin_dir=plugin_dir)
         frontend = DraFrontEnd(health, driver, SlicePublisher(kube, node=NODE, opts=opts), endpoint)
+        await frontend.start()
         await frontend.prepare(snapshot, health.settings)()
         task = asyncio.create_task(frontend.run())
         try:

@@ -116,6 +116,7 @@ class DraRig:
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)
         self.frontend = DraFrontEnd(self.health, driver, publisher, endpoint, check_s=0.05, **kw)
+        await self.frontend.start()
         await self.frontend.prepare(self.snapshot, self.health.settings)()
         self.task = asyncio.create_task(self.frontend.run())
 

@@ -3,7 +3,7 @@
 It serves the resources the node's settings build, except those kept on the
 device-plugin API (per node each extended-resource name has one front-end). `prepare`
 builds the DRA devices of a new snapshot and settings; its step hands them to the
-driver. `run` loads the checkpoint, serves both sockets, and then follows the node:
+driver. `start` loads the checkpoint; `run` serves both sockets, and then follows the node:
 every change of the devices or of their health refreshes the health stream and
 publishes the slices (a failed publish is retried with backoff), and a socket found
 deleted (a kubelet directory wiped on restart) is served again within `check_s`.
@@ -78,8 +78,11 @@ class DraFrontEnd:
 
         return step
 
-    async def run(self) -> None:
+    async def start(self) -> None:
+        """Load the checkpoint: the claims prepared before are known before any call."""
         await self.driver.restore()
+
+    async def run(self) -> None:
         await self.endpoint.start()
         try:
             async with asyncio.TaskGroup() as group:
