@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, gpu_name, pci_bus_id, semver
 from gpuslice.core.dra.slices import build_slices, published
@@ -116,3 +119,14 @@ def test_slices_hold_one_pool_split_at_128_or_64_with_taints() -> None:
     ] == [64, 37]
     (empty,) = build_slices([], node="n1", opts=OPTS, generation=1)
     assert empty["spec"]["devices"] == []
+
+
+@given(st.lists(st.booleans(), max_size=300))
+def test_any_pool_keeps_every_device_once_in_order_within_the_limits(tainted: list[bool]) -> None:
+    entries = [{"name": f"d{i:03}", **({"taints": []} if t else {})} for i, t in enumerate(tainted)]
+    slices = build_slices(entries, node="n", opts=OPTS, generation=7)
+    limit = 64 if any(tainted) else 128
+    assert all(len(s["spec"]["devices"]) <= limit for s in slices)
+    assert [d for s in slices for d in s["spec"]["devices"]] == entries
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+    assert len({s["metadata"]["name"] for s in slices}) == len(slices)
