@@ -16,8 +16,9 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 The test side plays the cluster (put_node, delete_node, put_config_map,
 delete_config_map, put_pod, bookmark), breaks
 watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
-end_watches: a clean end, as on the server's timeout), injects failures (fail_next) and
-inspects every request it received, with the status code it was answered.
+end_watches: a clean end, as on the server's timeout), injects failures (fail_next), answers
+with broken bodies (corrupt_next: bytes that are not JSON, or a body that says gzip and is
+not), and inspects every request it received, with the status code it was answered.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ from gpuslice.testing.apiserver.watches import DROP, END, Watches
 NODES = "/api/v1/nodes"
 NAMESPACES = "/api/v1/namespaces/"
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
+GARBAGE = "garbage"  # corrupt_next: a 200 whose body is not JSON (nor UTF-8)
+BAD_GZIP = "gzip"  # corrupt_next: a 200 that says Content-Encoding gzip and is not gzip
+_CORRUPT = {
+    GARBAGE: (b'\x00\xff{"kind": \x9c[[[\n\xfe\n', ""),
+    BAD_GZIP: (b"\x1f\x8b\x08\x00 not gzip", "gzip"),
+}
 WAIT_S = 5.0  # every awaited condition here is met in milliseconds when things work
 USER = "system:serviceaccount:gpu-operator:gpuslice"
 
@@ -80,6 +87,7 @@ class FakeApiServer:
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
         self._failures: list[tuple[str, str, int]] = []
+        self._corruptions: list[tuple[str, str, str]] = []
         self._arrived = asyncio.Condition()
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -215,6 +223,11 @@ class FakeApiServer:
         """Answer the next `method` request whose path contains `path_part` with `code`."""
         self._failures.append((method, path_part, code))
 
+    def corrupt_next(self, method: str, path_part: str, how: str = GARBAGE) -> None:
+        """Answer the next `method` request (a watch too) whose path contains `path_part`
+        with 200 and a broken body: GARBAGE or BAD_GZIP."""
+        self._corruptions.append((method, path_part, how))
+
     # inspection
 
     def of(self, method: str, path_part: str = "") -> list[Request]:
@@ -276,6 +289,10 @@ class FakeApiServer:
                     self._failures.remove(failure)
                     refused = failure[2], status(failure[2], "Injected", "injected")
                     break
+        for corruption in self._corruptions if refused is None else ():
+            if corruption[0] == method and corruption[1] in url.path:
+                self._corruptions.remove(corruption)
+                return await self._reply_raw(writer, req, *_CORRUPT[corruption[2]])
         if refused is None and req.is_watch:
             return await self._watch(req, writer)
         code, body = refused or self._route(req)
@@ -295,6 +312,19 @@ class FakeApiServer:
         data = json.dumps(body).encode()
         writer.write(
             f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            + data
+        )
+        await writer.drain()
+        await self._changed()
+
+    async def _reply_raw(
+        self, writer: asyncio.StreamWriter, req: Request, data: bytes, encoding: str
+    ) -> None:
+        req.code = 200
+        coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
+        writer.write(
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{coding}"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
             + data
         )
