@@ -18,7 +18,7 @@ delete_config_map, put_pod, bookmark), breaks
 watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
 end_watches: a clean end, as on the server's timeout), injects failures (fail_next), answers
 with broken bodies (corrupt_next: bytes that are not JSON, or a body that says gzip and is
-not), and inspects every request it received, with the status code it was answered.
+not), never answers (stall_next: the request is read and left hanging until close()), and inspects every request it received, with the status code it was answered.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ class FakeApiServer:
         self.user = user
         self._failures: list[tuple[str, str, int]] = []
         self._corruptions: list[tuple[str, str, str]] = []
+        self._stalls: list[tuple[str, str]] = []
         self._arrived = asyncio.Condition()
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -228,6 +229,10 @@ class FakeApiServer:
         with 200 and a broken body: GARBAGE or BAD_GZIP."""
         self._corruptions.append((method, path_part, how))
 
+    def stall_next(self, method: str, path_part: str) -> None:
+        """Never answer the next `method` request whose path contains `path_part`."""
+        self._stalls.append((method, path_part))
+
     # inspection
 
     def of(self, method: str, path_part: str = "") -> list[Request]:
@@ -289,6 +294,10 @@ class FakeApiServer:
                     self._failures.remove(failure)
                     refused = failure[2], status(failure[2], "Injected", "injected")
                     break
+        for stall in self._stalls:
+            if stall[0] == method and stall[1] in url.path:
+                self._stalls.remove(stall)
+                await asyncio.Event().wait()  # until close() cancels this connection
         for corruption in self._corruptions if refused is None else ():
             if corruption[0] == method and corruption[1] in url.path:
                 self._corruptions.remove(corruption)
