@@ -4,13 +4,21 @@ Requests are capped at MAX_REQUEST_BYTES, the kubelet's own limit on what it
 receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
 reaches the servicer. A server that stops without stop() being called (the gRPC
 server ended under us) is reported through wait_down(). A socket file another live
-process serves (another device plugin) is never replaced: start() raises SocketTaken.
+process serves (another device plugin) is never replaced: start() raises SocketTaken,
+unless that file was put over ours while we served it (renamed over it): then the path
+is ours and start() takes it back.
+
+gRPC binds under a private name beside it, and the socket is then renamed into place:
+gRPC unlinks the path it bound when it stops, which would otherwise remove whatever file
+then has the public name (another process's socket). stop() removes the public file only
+while it is still the one we bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import stat
@@ -34,6 +42,7 @@ _log = structlog.get_logger()
 # device list the kubelet can take in, hence no request built from one, is larger.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 SERVER_OPTIONS = (("grpc.max_receive_message_length", MAX_REQUEST_BYTES),)
+_BINDS = itertools.count()
 
 
 class ServerError(GpusliceError):
@@ -59,6 +68,7 @@ class DevicePluginServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: DevicePluginServicer | None = None
         self._bound: FileId | None = None  # the socket file we created
+        self._taken_over = False  # our file was replaced while we served it
         self._watch: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._down_reason = ""
@@ -73,28 +83,36 @@ class DevicePluginServer:
         if self._server is not None:
             raise ServerError(f"device-plugin server for {self.resource_name} already started")
         self._down = asyncio.Event()
-        if _accepts_connections(self.socket_path):
+        taken_over, self._taken_over = self._taken_over, False
+        if not taken_over and _accepts_connections(self.socket_path):
             raise SocketTaken(
                 f"another device plugin serves {self.resource_name} on {self.socket_path}; "
                 "gpuslice leaves it alone and serves once it is gone"
             )
-        try:
-            _unlink(self.socket_path)
-        except OSError as exc:
-            reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
-            raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
+        private = os.path.join(
+            os.path.dirname(self.socket_path), f".gs{os.getpid()}-{next(_BINDS)}"
+        )
         servicer = DevicePluginServicer(self.handler, self._metrics)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
-            server.add_insecure_port(unix_target(self.socket_path))
+            _unlink(private)  # left by a process of ours with this PID that was killed
+            server.add_insecure_port(unix_target(private))
+            await server.start()
+            os.rename(private, self.socket_path)  # atomic: a stale file is replaced
+        except OSError as exc:
+            await server.stop(None)
+            reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
+            raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
         except RuntimeError as exc:
             await server.stop(None)
             reason = f"cannot serve {self.resource_name} on {self.socket_path}: {exc}"
             raise ServerError(reason) from None
-        await server.start()
+        if taken_over:
+            _log.warning("plugin_socket_reclaimed", resource=self.resource_name,
+                         socket=self.socket_path)  # fmt: skip
         self._server, self._servicer = server, servicer
-        self._bound = file_id(self.socket_path)
+        self._bound = file_id(self.socket_path)  # after the rename, which sets its ctime
         self._watch = asyncio.create_task(self._watch_termination(server))
         _log.info("plugin_serving", resource=self.resource_name, socket=self.socket_path)
 
@@ -146,7 +164,9 @@ class DevicePluginServer:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch  # ends with the server, reporting nothing
-        if self._bound is not None and file_id(self.socket_path) == self._bound:
+        if self._bound is not None and file_id(self.socket_path) != self._bound:
+            self._taken_over = file_id(self.socket_path) is not None
+        elif self._bound is not None:
             try:
                 _unlink(self.socket_path)
             except OSError as exc:  # stopping must not fail: the next start says why

@@ -16,9 +16,10 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 The test side plays the cluster (put_node, delete_node, put_config_map,
 delete_config_map, put_pod, bookmark), breaks
 watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
-end_watches: a clean end, as on the server's timeout), injects failures (fail_next), answers
-with broken bodies (corrupt_next: bytes that are not JSON, or a body that says gzip and is
-not), never answers (stall_next: the request is read and left hanging until close()), and inspects every request it received, with the status code it was answered.
+end_watches: a clean end, as on the server's timeout), injects failures (fail_next),
+answers with broken bodies (corrupt_next: bytes that are not JSON, or a body that says
+gzip and is not), never answers (stall_next: the request is read and left hanging until
+close()), and inspects every request it received, with the status code it was answered.
 """
 
 from __future__ import annotations
