@@ -7,6 +7,7 @@ once the answers are good again. Hypothesis feeds the watch-line decoder any byt
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -121,3 +122,48 @@ def test_a_line_without_end_never_grows_past_the_limit() -> None:
     parts = [b"x" * 65536] * 300  # 19 MiB, no newline
     with pytest.raises(WatchBroken, match=f"over {MAX_EVENT_BYTES} bytes"):
         asyncio.run(_all_lines(parts, MAX_EVENT_BYTES))
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_bodies = st.one_of(
+    st.binary(max_size=300),
+    _json_values.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries(
+        {"kind": st.just("ConfigMap"), "metadata": _json_values, "data": _json_values}
+    ).map(lambda v: json.dumps(v).encode()),
+    st.integers(1, 5000).map(lambda depth: b"[" * depth + b"]" * depth),
+)
+
+
+async def test_any_answer_to_a_read_is_a_value_or_a_one_line_transient_error(
+    api: tuple[FakeApiServer, KubeNodeApi],
+) -> None:
+    server, kube = api
+    loop = asyncio.get_running_loop()
+    outcomes: list[str] = []
+
+    async def read(body: bytes) -> str:
+        server.corrupt_next("GET", f"/configmaps/{CM}", body)
+        try:
+            state = await kube._session.read_config_map(NAMESPACE, CM)
+        except BackendError as exc:
+            return f"error transient={exc.transient} {exc}"
+        assert isinstance(state.value.data, dict | None)
+        return "read"
+
+    @settings(max_examples=150, deadline=None)
+    @given(_bodies)
+    def one(body: bytes) -> None:
+        outcomes.append(asyncio.run_coroutine_threadsafe(read(body), loop).result(10))
+
+    await asyncio.to_thread(one)
+    errors = [o for o in outcomes if o.startswith("error")]
+    assert errors
+    assert all(e.startswith("error transient=True ") and "\n" not in e for e in errors)
+    assert (await kube._session.read_config_map(NAMESPACE, CM)).value.data == {"a": "version: v1\n"}

@@ -88,7 +88,7 @@ class FakeApiServer:
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
         self._failures: list[tuple[str, str, int]] = []
-        self._corruptions: list[tuple[str, str, str]] = []
+        self._corruptions: list[tuple[str, str, str | bytes]] = []
         self._stalls: list[tuple[str, str]] = []
         self._arrived = asyncio.Condition()
         self._handlers: set[asyncio.Task[None]] = set()
@@ -225,9 +225,9 @@ class FakeApiServer:
         """Answer the next `method` request whose path contains `path_part` with `code`."""
         self._failures.append((method, path_part, code))
 
-    def corrupt_next(self, method: str, path_part: str, how: str = GARBAGE) -> None:
+    def corrupt_next(self, method: str, path_part: str, how: str | bytes = GARBAGE) -> None:
         """Answer the next `method` request (a watch too) whose path contains `path_part`
-        with 200 and a broken body: GARBAGE or BAD_GZIP."""
+        with 200 and a broken body: GARBAGE, BAD_GZIP, or these bytes."""
         self._corruptions.append((method, path_part, how))
 
     def stall_next(self, method: str, path_part: str) -> None:
@@ -302,7 +302,9 @@ class FakeApiServer:
         for corruption in self._corruptions if refused is None else ():
             if corruption[0] == method and corruption[1] in url.path:
                 self._corruptions.remove(corruption)
-                return await self._reply_raw(writer, req, *_CORRUPT[corruption[2]])
+                how = corruption[2]
+                body = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
+                return await self._reply_raw(writer, req, *body)
         if refused is None and req.is_watch:
             return await self._watch(req, writer)
         code, body = refused or self._route(req)
