@@ -25,6 +25,8 @@ from gpuslice.core.errors import BackendError
 from gpuslice.testing.apiserver import BAD_GZIP, GARBAGE, FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet import KubeletStandin
 
+from .invariant import RSS_GROWTH_LIMIT, answers_allocate, rss_bytes
+
 __all__ = ["cluster", "no_proxy"]  # fixtures used here
 
 
@@ -75,6 +77,7 @@ async def test_the_agent_keeps_serving_through_broken_answers_and_says_why(
     kubelet: KubeletStandin, cluster: Cluster
 ) -> None:
     server = cluster.server
+    rss = rss_bytes()
     reads = len(server.of("GET", "configmaps"))
     for how in (GARBAGE, BAD_GZIP, GARBAGE, BAD_GZIP):
         server.corrupt_next("GET", f"/namespaces/{NAMESPACE}/configmaps", how)
@@ -82,12 +85,12 @@ async def test_the_agent_keeps_serving_through_broken_answers_and_says_why(
     await cluster.settles(lambda: "source" in cluster.config())
     assert "\n" not in cluster.config()["source"]
     assert cluster.config()["config"] == "ts-4"
-    (answer,) = await kubelet.allocate(GPU, [[sorted(kubelet.devices(GPU))[0]]])
-    assert answer.envs
+    await answers_allocate(kubelet)
     cluster.edit({"ts-4": time_slicing(2)})
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}), 10)
     await cluster.settles(lambda: "source" not in cluster.config())
     assert len(server.of("GET", "configmaps")) >= reads + 5  # each broken answer retried
+    assert rss_bytes() - rss < RSS_GROWTH_LIMIT
 
 
 async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:

@@ -23,6 +23,8 @@ from gpuslice.adapters.kubelet.servicer import MAX_CONTAINER_REQUESTS
 from gpuslice.core.resources import AdvertisedDevice, list_and_watch_bytes
 from gpuslice.testing.kubelet import KubeletStandin
 
+from .invariant import RSS_GROWTH_LIMIT, answers_allocate, rss_bytes
+
 REPLICAS = 1024
 
 
@@ -98,6 +100,7 @@ async def test_random_requests_answer_or_say_invalid_and_the_agent_keeps_serving
     stub = kubelet.plugin_stub(GPU)
     real = sorted(kubelet.devices(GPU))
     codes: set[grpc.StatusCode] = set()
+    rss = rss_bytes()
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(
@@ -117,9 +120,9 @@ async def test_random_requests_answer_or_say_invalid_and_the_agent_keeps_serving
     await asyncio.to_thread(one)
     assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
     assert grpc.StatusCode.INVALID_ARGUMENT in codes
-    (ok,) = await kubelet.allocate(GPU, [[real[0]]])
-    assert ok.envs
+    await answers_allocate(kubelet)
     assert not running.task.done()
+    assert rss_bytes() - rss < RSS_GROWTH_LIMIT
 
 
 async def _both(
@@ -192,6 +195,5 @@ async def test_a_config_the_kubelet_could_not_receive_is_refused_naming_the_limi
     assert "\n" not in rejected
     assert "over the kubelet's 4 MiB gRPC receive limit (4194304 bytes)" in rejected
     assert "nvidia.com/gpu: 71680 devices" in rejected
-    (ok,) = await kubelet.allocate(GPU, [[sorted(kubelet.devices(GPU))[0]]])
-    assert ok.envs
+    await answers_allocate(kubelet)
     assert len(kubelet.devices(GPU)) == 140

@@ -13,6 +13,8 @@ from process_harness import GPUSLICE, clean_env
 
 from gpuslice.testing.kubelet import KubeletStandin
 
+from .invariant import RSS_GROWTH_LIMIT, answers_allocate, rss_bytes
+
 
 async def test_with_its_log_reader_gone_the_agent_still_registers_after_a_kubelet_restart(
     kubelet: KubeletStandin, plugin_dir: str
@@ -25,15 +27,16 @@ async def test_with_its_log_reader_gone_the_agent_still_registers_after_a_kubele
     try:
         await kubelet.wait_for(lambda k: serving(k, {GPU: 1}), 20)
         assert proc.stdout is not None
+        rss = rss_bytes(proc.pid)
         proc.stdout.close()  # the only read end: every write now fails with EPIPE
         for restarts in (2, 3):
             await kubelet.restart()
             await kubelet.wait_for(
                 lambda k, n=restarts: registrations(k)[GPU] == n and serving(k, {GPU: 1}), 10
             )
-        (answer,) = await kubelet.allocate(GPU, [[next(iter(kubelet.devices(GPU)))]])
-        assert answer.envs
+        await answers_allocate(kubelet)
         assert proc.poll() is None
+        assert rss_bytes(proc.pid) - rss < RSS_GROWTH_LIMIT
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     finally:
