@@ -1,6 +1,8 @@
 """Sockets in the device-plugin directory: a second agent refused (by the lock, or by
 another plugin's live socket) stops without touching the first's socket or lock file;
-our socket replaced by another process's (renamed over it) is noticed and served again."""
+our socket replaced by another process's (renamed over it: inotify says created, not
+deleted) is noticed, and served again at once when nobody answers there, or as soon as
+the live process that answers there is gone."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 from agent_harness import GPU, AgentLauncher, is_socket, registrations, serving
+from faults_harness import eventually
 from process_harness import AgentProcess
 
 from gpuslice.adapters.fake import load_spec
@@ -20,6 +24,8 @@ from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
+
+from .invariant import answers_allocate
 
 
 async def test_the_refused_second_agent_leaves_the_first_registered(
@@ -72,9 +78,27 @@ LISTENER = (
 )
 
 
-async def test_our_socket_replaced_by_another_processs_socket_is_served_again(
+async def test_our_socket_replaced_by_a_dead_socket_is_served_again_at_once(
     kubelet: KubeletStandin, launcher: AgentLauncher
 ) -> None:
+    running = await launcher.start("t4")
+    await running.registered(kubelet)
+    ours = running.socket("nvidia-gpu.sock")
+    with socket.socket(socket.AF_UNIX) as dead:  # bound, never listening: nobody answers
+        dead.bind(os.path.join(running.plugin_dir, "dead.sock"))
+        placed = os.lstat(dead.getsockname()).st_ino
+        os.rename(dead.getsockname(), ours)
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 1}), 10)
+    assert os.lstat(ours).st_ino != placed
+    assert running.agent.manager.registered() == {GPU: True}
+    await answers_allocate(kubelet)
+
+
+async def test_our_socket_replaced_by_a_live_one_is_noticed_and_served_once_it_goes(
+    kubelet: KubeletStandin, launcher: AgentLauncher, logged: list[dict[str, Any]]
+) -> None:
+    """A live process answering on our path is another plugin: gpuslice never fights
+    one (faults.md), so it steps back, touching nothing, and serves once it is gone."""
     running = await launcher.start("t4")
     await running.registered(kubelet)
     ours = running.socket("nvidia-gpu.sock")
@@ -87,15 +111,16 @@ async def test_our_socket_replaced_by_another_processs_socket_is_served_again(
         assert await other.stdout.readline() == b"listening\n"
         intruder = os.lstat(theirs).st_ino
         os.rename(theirs, ours)  # the kubelet would now talk to the other process
-        await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 1}), 10)
-        assert is_socket(ours)
-        assert os.lstat(ours).st_ino != intruder
-        assert running.agent.manager.registered() == {GPU: True}
-        (answer,) = await kubelet.allocate(GPU, [[next(iter(kubelet.devices(GPU)))]])
-        assert answer.envs
+        await eventually(lambda: running.agent.manager.registered() == {GPU: False}, "stepped back")
+        assert any(e["event"] == "plugin_socket_in_use" for e in logged)
+        assert os.lstat(ours).st_ino == intruder  # left alone while it answers
     finally:
         other.kill()
         await other.wait()
+    # its socket file stays behind, dead: found so at the next look, and replaced
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 1}), 15)
+    assert os.lstat(ours).st_ino != intruder
+    await answers_allocate(kubelet)
 
 
 async def test_stopping_never_removes_a_socket_put_over_ours(plugin_dir: str) -> None:

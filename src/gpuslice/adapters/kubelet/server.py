@@ -4,9 +4,7 @@ Requests are capped at MAX_REQUEST_BYTES, the kubelet's own limit on what it
 receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
 reaches the servicer. A server that stops without stop() being called (the gRPC
 server ended under us) is reported through wait_down(). A socket file another live
-process serves (another device plugin) is never replaced: start() raises SocketTaken,
-unless that file was put over ours while we served it (renamed over it): then the path
-is ours and start() takes it back.
+process serves (another device plugin) is never replaced: start() raises SocketTaken.
 
 gRPC binds under a private name beside it, and the socket is then renamed into place:
 gRPC unlinks the path it bound when it stops, which would otherwise remove whatever file
@@ -68,7 +66,6 @@ class DevicePluginServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: DevicePluginServicer | None = None
         self._bound: FileId | None = None  # the socket file we created
-        self._taken_over = False  # our file was replaced while we served it
         self._watch: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._down_reason = ""
@@ -83,8 +80,7 @@ class DevicePluginServer:
         if self._server is not None:
             raise ServerError(f"device-plugin server for {self.resource_name} already started")
         self._down = asyncio.Event()
-        taken_over, self._taken_over = self._taken_over, False
-        if not taken_over and _accepts_connections(self.socket_path):
+        if _accepts_connections(self.socket_path):
             raise SocketTaken(
                 f"another device plugin serves {self.resource_name} on {self.socket_path}; "
                 "gpuslice leaves it alone and serves once it is gone"
@@ -108,9 +104,6 @@ class DevicePluginServer:
             await server.stop(None)
             reason = f"cannot serve {self.resource_name} on {self.socket_path}: {exc}"
             raise ServerError(reason) from None
-        if taken_over:
-            _log.warning("plugin_socket_reclaimed", resource=self.resource_name,
-                         socket=self.socket_path)  # fmt: skip
         self._server, self._servicer = server, servicer
         self._bound = file_id(self.socket_path)  # after the rename, which sets its ctime
         self._watch = asyncio.create_task(self._watch_termination(server))
@@ -164,9 +157,7 @@ class DevicePluginServer:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch  # ends with the server, reporting nothing
-        if self._bound is not None and file_id(self.socket_path) != self._bound:
-            self._taken_over = file_id(self.socket_path) is not None
-        elif self._bound is not None:
+        if self._bound is not None and file_id(self.socket_path) == self._bound:
             try:
                 _unlink(self.socket_path)
             except OSError as exc:  # stopping must not fail: the next start says why
