@@ -41,6 +41,14 @@ def place(proc: Path, pid: int, cgroup: str, start: int = 1000) -> None:
     (proc / str(pid) / "stat").write_text(stat(start))
 
 
+def sampled(proc: Path, pid: int, cgroup: str = IN_POD) -> CgroupOwners:
+    """Owners that sampled `pid` in `cgroup` (start time 1000)."""
+    place(proc, pid, cgroup)
+    owners = CgroupOwners(proc)
+    owners.owners([pid])
+    return owners
+
+
 @pytest.fixture
 def child() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -64,29 +72,26 @@ def test_a_process_proven_in_the_container_is_killed(
     assert child.wait(10) == -9
 
 
-def test_a_pid_reused_after_the_sample_is_not_signalled(
-    tmp_path: Path, child: subprocess.Popen[bytes]
-) -> None:
-    place(tmp_path, child.pid, IN_POD, start=1000)
-    owners = CgroupOwners(tmp_path)
-    owners.owners([child.pid])
-    place(tmp_path, child.pid, IN_POD, start=2000)  # another process now has the PID
-    with pytest.raises(ProcessLookupError):
-        owners.kill(child.pid)
-    assert alive(child)
+RACES = {
+    # the process sampled ended and another one now has its PID (another start time)
+    "pid-reused": (IN_POD, 2000, ProcessLookupError),
+    "moved-to-another-pod": (
+        IN_POD.replace(UID.replace("-", "_"), OTHER.replace("-", "_")),
+        1000,
+        NotProvenError,
+    ),
+    "moved-out-of-pods": ("0::/system.slice/sshd.service\n", 1000, NotProvenError),
+}
 
 
-def test_a_process_moved_to_another_cgroup_after_the_sample_is_not_signalled(
-    tmp_path: Path, child: subprocess.Popen[bytes]
+@pytest.mark.parametrize("race", RACES)
+def test_a_change_between_the_sample_and_the_kill_means_no_signal(
+    tmp_path: Path, child: subprocess.Popen[bytes], race: str
 ) -> None:
-    place(tmp_path, child.pid, IN_POD)
-    owners = CgroupOwners(tmp_path)
-    owners.owners([child.pid])
-    place(tmp_path, child.pid, IN_POD.replace(UID.replace("-", "_"), OTHER.replace("-", "_")))
-    with pytest.raises(NotProvenError, match="left the container"):
-        owners.kill(child.pid)
-    place(tmp_path, child.pid, "0::/system.slice/sshd.service\n")
-    with pytest.raises(NotProvenError):
+    cgroup, start, raised = RACES[race]
+    owners = sampled(tmp_path, child.pid)
+    place(tmp_path, child.pid, cgroup, start=start)
+    with pytest.raises(raised):
         owners.kill(child.pid)
     assert alive(child)
 
@@ -94,9 +99,7 @@ def test_a_process_moved_to_another_cgroup_after_the_sample_is_not_signalled(
 def test_a_process_gone_since_the_sample_is_not_signalled_by_its_stale_pid(
     tmp_path: Path, child: subprocess.Popen[bytes]
 ) -> None:
-    place(tmp_path, child.pid, IN_POD)
-    owners = CgroupOwners(tmp_path)
-    owners.owners([child.pid])
+    owners = sampled(tmp_path, child.pid)
     child.kill()
     child.wait()
     with pytest.raises(ProcessLookupError):
@@ -140,9 +143,7 @@ async def test_the_watchdog_counts_a_refused_kill_and_keeps_going(
 ) -> None:
     gpu = Gpu(index=0, minor=0, uuid="GPU-a", name="T4", memory_mib=16384,
               compute_capability=(7, 5))  # fmt: skip
-    place(tmp_path, child.pid, IN_POD)
-    owners = CgroupOwners(tmp_path)
-    owners.owners([child.pid])
+    owners = sampled(tmp_path, child.pid)
     place(tmp_path, child.pid, "0::/system.slice/sshd.service\n")
     outcomes: list[str] = []
 

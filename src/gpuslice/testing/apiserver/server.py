@@ -320,24 +320,22 @@ class FakeApiServer:
     async def _reply(
         self, writer: asyncio.StreamWriter, req: Request, code: int, body: Any
     ) -> None:
-        req.code = code
-        data = json.dumps(body).encode()
-        writer.write(
-            f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-            + data
-        )
-        await writer.drain()
-        await self._changed()
+        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code)
 
     async def _reply_raw(
-        self, writer: asyncio.StreamWriter, req: Request, data: bytes, encoding: str
+        self,
+        writer: asyncio.StreamWriter,
+        req: Request,
+        data: bytes,
+        encoding: str = "",
+        *,
+        code: int = 200,
     ) -> None:
-        req.code = 200
+        req.code = code
         coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
         writer.write(
-            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{coding}"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"{coding}Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
             + data
         )
         await writer.drain()
