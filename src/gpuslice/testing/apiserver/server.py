@@ -303,8 +303,8 @@ class FakeApiServer:
             if corruption[0] == method and corruption[1] in url.path:
                 self._corruptions.remove(corruption)
                 how = corruption[2]
-                body = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
-                return await self._reply_raw(writer, req, *body)
+                raw = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
+                return await self._reply_raw(writer, req, *raw)
         if refused is None and req.is_watch:
             return await self._watch(req, writer)
         code, body = refused or self._route(req)
