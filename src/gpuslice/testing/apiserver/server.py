@@ -303,8 +303,8 @@ class FakeApiServer:
             if corruption[0] == method and corruption[1] in url.path:
                 self._corruptions.remove(corruption)
                 how = corruption[2]
-                raw = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
-                return await self._reply_raw(writer, req, *raw)
+                broken = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
+                return await self._reply_raw(writer, req, *broken)
         if refused is None and req.is_watch:
             return await self._watch(req, writer)
         code, body = refused or self._route(req)
