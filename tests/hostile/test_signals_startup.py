@@ -10,6 +10,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from agent_harness import GPU, serving
 from node_harness import NODE
 from process_harness import AgentProcess, clean_env
@@ -58,24 +59,37 @@ async def test_sighup_during_startup_neither_kills_nor_is_lost(
     assert rc == 0, proc.log
 
 
-async def test_sigterm_while_the_first_node_read_hangs_exits_at_once(
-    plugin_dir: str, processes: list[AgentProcess], tmp_path: Path
+FIRST_READS = {
+    # per-node configs from a mounted directory: the Node's labels are read first
+    "node": (["--config-file-srcdir"], f"{NODES}/{NODE}"),
+    # per-node configs from the API: the ConfigMap is read first, then the Node
+    "configmap": (["--config-map", "gpuslice-configs", "--namespace", "gpuslice"], "/configmaps/"),
+}
+
+
+@pytest.mark.parametrize("first", FIRST_READS)
+async def test_sigterm_while_the_first_read_hangs_exits_at_once(
+    plugin_dir: str, processes: list[AgentProcess], tmp_path: Path, first: str
 ) -> None:
+    flags, stalled = FIRST_READS[first]
     configs = tmp_path / "configs"
     configs.mkdir()
     (configs / "ts-2").write_text(CONFIG)
+    source = [*flags, str(configs)] if len(flags) == 1 else flags
     async with FakeApiServer() as server:
         server.put_node(NODE)
-        server.stall_next("GET", f"{NODES}/{NODE}")
+        server.put_config_map("gpuslice", "gpuslice-configs", {"ts-2": CONFIG})
+        server.stall_next("GET", stalled)
         proc = await AgentProcess.start(
-            ["--fake-hardware", "t4", "--config-file-srcdir", str(configs),
+            ["--fake-hardware", "t4", *source,
              "--kubelet-socket", os.path.join(plugin_dir, "kubelet.sock"),
              "--node-name", NODE, "--kubeconfig", write_kubeconfig(tmp_path, server.url)],
             env=clean_env(NO_PROXY="127.0.0.1", no_proxy="127.0.0.1"),
         )  # fmt: skip
         processes.append(proc)
-        await server.wait_for(lambda s: bool(s.of("GET", f"{NODES}/{NODE}")))
+        await server.wait_for(lambda s: any(stalled in r.path for r in s.requests))
         proc.signal(signal.SIGTERM)
         rc, took = await proc.wait()
+    print(f"SIGTERM during a hanging first {first} read -> exited in {took:.2f} s")
     assert rc == 0, proc.log
     assert took < 3.0, f"took {took:.1f}s to stop"
