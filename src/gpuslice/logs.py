@@ -6,8 +6,8 @@ capture_stderr() makes it a pipe whose lines one thread logs as events, and the 
 itself goes to the real stderr.
 
 Logging never stops work: a line that cannot be written (the reader of the log pipe
-gone, a closed stream) is dropped and counted (LineSink), never raised into the code
-that logged it.
+gone, a closed stream) is dropped (LineSink), never raised into the code that logged
+it.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def setup(
 class LineSink:
     """The stream log lines go to, written a whole line at a time (to its file descriptor
     when it has one); a line that cannot be written (EPIPE, EAGAIN, a closed stream) is
-    dropped and counted in `dropped`."""
+    dropped: there is nowhere left to say so."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -76,16 +76,13 @@ class LineSink:
         except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation, closed
             self._fd = None
         self._pending: list[str] = []
-        self.dropped = 0
 
     def write(self, text: str) -> int:
         self._pending.append(text)
         if "\n" in text:
             line, self._pending = "".join(self._pending), []
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self._write(line)
-            except (OSError, ValueError):
-                self.dropped += 1
         return len(text)
 
     def _write(self, line: str) -> None:
