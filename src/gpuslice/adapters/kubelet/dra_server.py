@@ -9,7 +9,8 @@ service socket (<plugins>/<driver>/dra.sock) serves DRAPlugin v1 and v1beta1 (th
 messages in two packages) and DRAResourceHealth, whose stream sends the complete device
 list at once and after every change. Requests are capped as the device-plugin server's
 are, and a request naming more than MAX_CLAIMS claims is refused. A socket another live
-process serves is left alone.
+process serves is left alone; ours are bound and renamed into place as the device-plugin
+server's are, so stopping never removes another process's socket.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2 as hpb
 from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2_grpc as hpb_grpc
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from gpuslice.adapters.kubelet.api import unix_target
-from gpuslice.adapters.kubelet.server import SERVER_OPTIONS, _accepts_connections, _unlink
+from gpuslice.adapters.kubelet.server import (
+    SERVER_OPTIONS,
+    _accepts_connections,
+    _unlink,
+    serve_renamed,
+)
 from gpuslice.adapters.kubelet.servicer import clip
 from gpuslice.core.dra.claims import ClaimRef
 from gpuslice.core.errors import GpusliceError
@@ -206,13 +211,11 @@ class DraServer:
             )
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _unlink(path)
-            server.add_insecure_port(unix_target(path))
+            await serve_renamed(server, path)
         except (OSError, RuntimeError) as exc:
             await server.stop(None)
             why = getattr(exc, "strerror", None) or exc
             raise GpusliceError(f"cannot serve the DRA plugin on {path}: {why}") from None
-        await server.start()
         self._servers.append(server)
         self._bound[path] = file_id(path)
 

@@ -85,23 +85,15 @@ class DevicePluginServer:
                 f"another device plugin serves {self.resource_name} on {self.socket_path}; "
                 "gpuslice leaves it alone and serves once it is gone"
             )
-        private = os.path.join(
-            os.path.dirname(self.socket_path), f".gs{os.getpid()}-{next(_BINDS)}"
-        )
         servicer = DevicePluginServicer(self.handler, self._metrics)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
-            _unlink(private)  # left by a process of ours with this PID that was killed
-            server.add_insecure_port(unix_target(private))
-            await server.start()
-            os.rename(private, self.socket_path)  # atomic: a stale file is replaced
+            await serve_renamed(server, self.socket_path)
         except OSError as exc:
-            await server.stop(None)
             reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
             raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
         except RuntimeError as exc:
-            await server.stop(None)
             reason = f"cannot serve {self.resource_name} on {self.socket_path}: {exc}"
             raise ServerError(reason) from None
         self._server, self._servicer = server, servicer
@@ -164,6 +156,21 @@ class DevicePluginServer:
                 _log.warning("plugin_socket_not_removed", socket=self.socket_path, error=str(exc))
         self._bound = None
         _log.info("plugin_stopped", resource=self.resource_name, socket=self.socket_path)
+
+
+async def serve_renamed(server: grpc.aio.Server, path: str) -> None:
+    """Start `server` on the unix socket `path`: bound under a private name beside it,
+    then renamed into place (the module doc says why). Raises OSError or RuntimeError,
+    with the server stopped."""
+    private = os.path.join(os.path.dirname(path), f".gs{os.getpid()}-{next(_BINDS)}")
+    try:
+        _unlink(private)  # left by a process of ours with this PID that was killed
+        server.add_insecure_port(unix_target(private))
+        await server.start()
+        os.rename(private, path)  # atomic: a stale file is replaced
+    except (OSError, RuntimeError):
+        await server.stop(None)
+        raise
 
 
 def _shutting_down(server: grpc.aio.Server) -> bool:
