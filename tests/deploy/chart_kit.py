@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 import referencing
+import yaml
 from kubernetes_validate.utils import all_versions
 from packaging.version import Version
 
@@ -33,6 +34,10 @@ CONFIGS = {
     ),
 }
 ADMISSION_MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n"
+
+# NVIDIA's chart's own values file (tests/deploy/data/README.md).
+NVIDIA_VALUES_FILE = Path(__file__).parent / "data" / "nvidia-device-plugin-0.20.0-values.yaml"
+NVIDIA_VALUES: dict[str, Any] = yaml.safe_load(NVIDIA_VALUES_FILE.read_text())
 
 # Each set of non-default values is rendered, linted and validated.
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -89,6 +94,32 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "mps": {"mps": {"enabled": True}, "config": {"map": {"mps-2": ADMISSION_MPS}}},
+    "compat-cpu-manager": {"compatWithCPUManager": True, "migStrategy": "mixed"},
+    "security-context": {
+        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}, "runAsUser": 0},
+        "podSecurityContext": {"runAsGroup": 0},
+        "deviceListStrategy": "volume-mounts",
+    },
+    "host-network": {
+        "hostNetwork": True,
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"}],
+        "kubeletRootDir": "/var/lib/k0s/kubelet",
+    },
+    "metrics-policy": {
+        "metrics": {"port": 9400, "bindAddress": "127.0.0.1", "networkPolicy": {"enabled": True}},
+        "monitoring": {"serviceMonitor": {"enabled": True, "interval": "30s"}},
+    },
+    "nvidia-extras": {
+        "namespaceOverride": "gpu-agents",
+        "selectorLabelsOverride": {"app": "gpu-agent"},
+        "gdrcopyEnabled": True,
+        "deviceDiscoveryStrategy": "nvml",
+        "nvidiaDevRoot": "/",
+        "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook", "featureFlags": ["a", "b"]},
+        "deviceListStrategy": "cdi-cri",
+    },
+    "nvidia-v020": NVIDIA_VALUES,
     "admission": {
         "config": {"map": {**CONFIGS, "mps-2": ADMISSION_MPS}, "default": "t4-ts-4"},
         "admissionPolicies": {"enabled": True, "warn": ["nvidia.com/gpu.small"]},

@@ -79,7 +79,6 @@ def test_accounting_off_mounts_no_proc_and_turns_sampling_off() -> None:
     assert set(host_paths(objects)) == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
-        "/run/nvidia/mps",
     }
     variables = env(objects)
     assert variables["GPUSLICE_ACCOUNTING"] == "false"
