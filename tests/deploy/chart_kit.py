@@ -149,11 +149,21 @@ def rendered(name: str) -> tuple[dict[str, Any], ...]:
     return tuple(gen.objects(out))
 
 
+HOOK = "helm.sh/hook"
+
+
+def is_hook(obj: dict[str, Any]) -> bool:
+    return HOOK in (obj["metadata"].get("annotations") or {})
+
+
 def the(objects: tuple[dict[str, Any], ...], kind: str, namespace: str | None = None) -> Any:
+    """The one object of `kind` (in `namespace`) that the release installs, hooks aside."""
     found = [
         o
         for o in objects
-        if o["kind"] == kind and (namespace is None or o["metadata"].get("namespace") == namespace)
+        if o["kind"] == kind
+        and not is_hook(o)
+        and (namespace is None or o["metadata"].get("namespace") == namespace)
     ]
     assert len(found) == 1, f"{len(found)} {kind} objects"
     return found[0]

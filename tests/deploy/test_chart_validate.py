@@ -123,7 +123,11 @@ def _install_error(values: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("values", "path"),
     [
-        ({"simulat": "t4"}, "'simulat' not allowed"),
+        ({"simulat": "t4"}, 'values: unknown key "simulat"; did you mean "simulate"?'),
+        ({"migStrateg": "mixed"}, 'unknown key "migStrateg"; did you mean "migStrategy"?'),
+        ({"compatWithCpuManager": True}, 'did you mean "compatWithCPUManager"?'),
+        ({"nodeselector": {}}, 'did you mean "nodeSelector"?'),
+        ({"gfd": {"enabled": True}, "nfd": {"x": 1}, "gpu": {}}, 'did you mean "gfd"?'),
         ({"config": {"defualt": "x"}}, "at '/config': additional properties 'defualt'"),
         ({"image": {"tagg": "v1"}}, "at '/image': additional properties 'tagg'"),
         ({"migStrategy": "mix"}, "at '/migStrategy'"),
