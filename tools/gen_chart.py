@@ -532,15 +532,25 @@ def render(
     values: Mapping[str, Any] | None = None,
     release: str = STATIC_RELEASE,
     namespace: str = STATIC_RELEASE,
+    kube_version: str | None = None,
+    notes: bool = False,
 ) -> dict[str, str]:
     """Template path -> rendered text, by Helm's engine (values checked against the
-    schema first, as an install does). Raises helm_python's errors."""
+    schema first, as an install does), for a cluster of `kube_version` (None: Helm's
+    default); NOTES.txt only with `notes`. Raises helm_python's errors."""
     import helm_python as helm
+    from helm_python import _native
 
+    opts: dict[str, Any] = {"name": release, "namespace": namespace, "is_install": True}
+    if kube_version is not None:
+        opts["kube_version"] = kube_version  # Chart.render has no such option; the engine has
     with helm.Chart.load(chart) as loaded:
         loaded.validate_schema(dict(values or {}))
-        out = loaded.render(dict(values or {}), name=release, namespace=namespace, is_install=True)
-    return {path: text for path, text in out.items() if not path.endswith("NOTES.txt")}
+        text = _native.call_string(
+            "helm_render", loaded._raw(), json.dumps(dict(values or {})), json.dumps(opts)
+        )
+    out: dict[str, str] = json.loads(text)
+    return {path: text for path, text in out.items() if notes or not path.endswith("NOTES.txt")}
 
 
 def documents(rendered: Mapping[str, str]) -> list[str]:
