@@ -16,7 +16,8 @@ From gpuslice itself:
   the memory-budget policies from FLAGS, budget sizes from gpuslice.core.watchdog;
 - deploy/helm/gpuslice/Chart.yaml: version and appVersion from pyproject.toml;
 - deploy/manifests/gpuslice.yaml: the chart rendered with its default values by Helm's
-  engine (helm-python-sdk), behind a Namespace.
+  engine (helm-python-sdk), behind a Namespace; deploy/manifests/kustomization.yaml: those
+  manifests with the image as a kustomize `images:` entry.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import regen
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "gpuslice"
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpuslice.yaml"
+KUSTOMIZATION = MANIFESTS.with_name("kustomization.yaml")
 GENERATED_TPL = Path("templates") / "_generated.tpl"
 SCHEMA = Path("values.schema.json")
 CHART_YAML = Path("Chart.yaml")
@@ -584,6 +586,23 @@ def static_manifests(chart: Path, version: str) -> str:
     return head + "".join(f"---\n{doc}" for doc in docs)
 
 
+def kustomization(chart: Path, version: str) -> str:
+    """The static manifests as a kustomization whose `images:` entry is the one place to
+    change the image: `kubectl apply --server-side -k` can be run again after any change."""
+    repository = yaml.safe_load((chart / "values.yaml").read_text())["image"]["repository"]
+    body = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [MANIFESTS.name],
+        "images": [{"name": repository, "newName": repository, "newTag": version}],
+    }
+    head = HEADER.format(source=f"deploy/helm/gpuslice {version}")
+    head += "# Your image: a kustomization of your own with this directory as its resource and\n"
+    head += f"# images: [{{name: {repository}, newName: REGISTRY/gpuslice, newTag: {version}}}]\n"
+    head += "# (docs/install.md#with-the-static-manifests); kubectl apply --server-side -k DIR.\n"
+    return head + yaml.safe_dump(body, sort_keys=False)
+
+
 # --- the whole set ----------------------------------------------------------------------
 
 
@@ -610,6 +629,7 @@ def generate(chart: Path) -> dict[Path, str]:
         (chart / rel).write_text(text)
     out = {(CHART / rel).relative_to(ROOT): text for rel, text in parts.items()}
     out[MANIFESTS.relative_to(ROOT)] = static_manifests(chart, version)
+    out[KUSTOMIZATION.relative_to(ROOT)] = kustomization(chart, version)
     return out
 
 
