@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import re
 from typing import Any
 
 import helm_python as helm
@@ -312,3 +313,30 @@ def test_tegra_nodes_are_left_out_of_the_default_selection() -> None:
     assert not selects(affinity, TEGRA_NODE)
     nvidia = the(rendered("nvidia-v020"), "DaemonSet")["spec"]["template"]["spec"]["affinity"]
     assert selects(nvidia, TEGRA_NODE)  # NVIDIA's own list does (docs/migrate.md)
+
+
+def _leaves(values: dict[str, Any], prefix: str = "") -> set[str]:
+    free = {"config.map", "affinity", "nodeSelector", "resources", "podAnnotations"}
+    out: set[str] = set()
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and path not in free:
+            out |= _leaves(value, f"{path}.")
+        else:
+            out.add(path)
+    return out
+
+
+def test_migrate_md_maps_every_nvidia_value() -> None:
+    doc = (CHART.parents[2] / "docs" / "migrate.md").read_text()
+    section = doc.split("## NVIDIA's chart values", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            named |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    missing = [
+        leaf
+        for leaf in sorted(_leaves(NVIDIA_VALUES))
+        if leaf not in named and f"{leaf.split('.')[0]}.*" not in named
+    ]
+    assert not missing, f"migrate.md's table lacks {missing}"
