@@ -60,7 +60,9 @@ def values_of(argv: list[str]) -> dict[str, Any]:
     for word in words:
         flag, _, inline = word.partition("=")
         if flag in PARSERS or flag in ("--set-file", "-f", "--values"):
-            arg = inline or next(words)
+            arg = inline or next(words, "")
+            if not arg:  # prose naming the flag, not a command
+                continue
             if flag in PARSERS:
                 merge(values, PARSERS[flag](arg))
             elif flag == "--set-file":
