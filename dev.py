@@ -34,7 +34,8 @@ def _ensure_env() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     pip = [str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     print("dev.py: installing locked dependencies into .venv", flush=True)
-    subprocess.run([*pip, "-r", str(LOCK)], check=True)
+    # Every pin carries the sha256 of its wheel (tools/lock_hashes.py); nothing is built.
+    subprocess.run([*pip, "--require-hashes", "--only-binary=:all:", "-r", str(LOCK)], check=True)
     subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
     for old in VENV.glob(".installed-*"):
         old.unlink()
