@@ -47,11 +47,9 @@ def wheel_hashes(text: str) -> dict[str, list[str]]:
     with tempfile.TemporaryDirectory(prefix="lock-hashes-") as tmp:
         reqs = Path(tmp) / "pins.txt"
         reqs.write_text("".join(f"{n}=={v}\n" for n, v in pins(text)))
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-            + ["--only-binary=:all:", "--disable-pip-version-check", "-r", str(reqs), "-d", tmp],
-            check=True,
-        )
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+        only = ["--only-binary=:all:", "--disable-pip-version-check"]
+        subprocess.run([*pip, *only, "-r", str(reqs), "-d", tmp], check=True)
         found: dict[str, list[str]] = {}
         for wheel in sorted(Path(tmp).glob("*.whl")):
             name = canonical(wheel.name.split("-")[0])
