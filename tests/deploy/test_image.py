@@ -93,7 +93,9 @@ def build_output() -> tuple[str, dict[str, str]]:
         if REQUIRED:
             pytest.fail(f"GPUSLICE_REQUIRE_IMAGE_TEST=1 but {missing}")
         pytest.skip(missing)
-    env = {**os.environ, "BUILDAH_ISOLATION": "chroot", "PYTHON": sys.executable}
+    # Uncached, so that the image is this tree's build and not a layer an older build left in
+    # buildah's cache (the reproducibility test compares it with a second build).
+    env = {**os.environ, "BUILDAH_ISOLATION": "chroot", "PYTHON": sys.executable, "NO_CACHE": "1"}
     started = time.monotonic()
     result = subprocess.run(
         ["bash", str(BUILD)],
@@ -129,10 +131,10 @@ def image_id(image: str, env: dict[str, str]) -> str:
 def test_a_second_build_from_scratch_gives_the_same_image(
     build_output: tuple[str, dict[str, str]],
 ) -> None:
-    """Reproducible: the image stage built again without buildah's cache (a fresh venv, pip
-    installs from the hashed wheels, gpuslice's wheel built again) has the same image ID,
-    the digest of its config, which names every layer's digest. The base is reused: its
-    Debian packages are fixed by deploy/image/base-packages.lock, which build.sh checks."""
+    """Reproducible: the image stage built again from scratch (a fresh venv, pip installs
+    from the hashed wheels, gpuslice's wheel built again) has the same image ID, the digest
+    of its config, which names every layer's digest. The base is reused: its Debian packages
+    are fixed by deploy/image/base-packages.lock, which build.sh checks when it makes one."""
     stdout, env = build_output
     first = re.search(r"^build\.sh: image (\S+) built in ", stdout, re.MULTILINE)
     assert first, stdout
