@@ -128,8 +128,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_chart", TOOL)
+def load_tool(path: Path = TOOL) -> ModuleType:
+    """A script of tools/ loaded as a module (gen_chart.py by default)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

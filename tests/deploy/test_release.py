@@ -5,7 +5,6 @@ checksum file verifies; the locks pin a sha256 for every distribution."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import tarfile
 from pathlib import Path
@@ -14,19 +13,14 @@ from types import ModuleType
 import helm_python as helm
 import pytest
 import yaml
-from chart_kit import CHART, ROOT, tool
+from chart_kit import CHART, ROOT, load_tool, tool
 
 TOOL = ROOT / "tools" / "release.py"
 LOCKS = sorted((ROOT / "requirements").glob("*.lock"))
 
 
 def release() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("release", TOOL)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(TOOL)
 
 
 def test_the_version_comes_from_pyproject_only() -> None:
