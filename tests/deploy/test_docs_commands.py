@@ -26,6 +26,7 @@ PARSERS = {
 STUB_CONFIG = "version: v1\n"  # a --set-file or -f the reader brings (a100.yaml)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`((?:helm|kubectl) [^`]+)`")
+CHART_REF = re.compile(r"^[\w.-]+/[\w./-]+$")  # deploy/helm/gpuslice, nvdp/nvidia-device-plugin
 
 
 def commands(text: str) -> list[str]:
@@ -82,6 +83,8 @@ def check(line: str) -> None:
     if not line.startswith("helm "):
         return
     argv = shlex.split(line)
+    if not any(CHART_REF.match(word) for word in argv[2:]):
+        return  # prose naming a command and a flag, not one to run
     values = values_of(argv)
     if OUR_CHART not in argv:
         return
@@ -120,6 +123,12 @@ def test_every_command_passes_helms_parser_and_the_schema(doc: str, line: str) -
 def test_a_command_the_schema_refuses_fails_here(line: str) -> None:
     with pytest.raises(helm.HelmError):
         check(line)
+
+
+def test_prose_naming_a_flag_is_not_a_command() -> None:
+    check("helm upgrade --set config.default")  # no chart: nothing to run
+    with pytest.raises(helm.HelmError):
+        check(f"helm upgrade gpuslice {OUR_CHART} --set config.default")
 
 
 def test_inline_commands_wrapping_across_lines_are_found() -> None:
