@@ -34,9 +34,8 @@ def run_the_job(values: dict[str, Any], tmp_path: Path) -> subprocess.CompletedP
     for entry, text in data["data"].items():
         (tmp_path / entry).write_text(text)
     args = [str(tmp_path) if a == mount["mountPath"] else a for a in agent["args"]]
-    variables = {v["name"]: v["value"] for v in agent.get("env") or []}
     return subprocess.run(
-        [GPUSLICE, *args], env=variables, capture_output=True, text=True, timeout=60, check=False
+        [GPUSLICE, *args], env={}, capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -76,13 +75,13 @@ def test_the_jobs_command_refuses_a_typo_with_the_agents_one_line_error(tmp_path
     assert "typo: sharing.timeSlicing.resourcess: unknown field; did you mean resources?" in line
 
 
-def test_the_job_checks_with_the_flags_the_agent_gets(tmp_path: Path) -> None:
-    """The flags values set (migStrategy, MPS_ROOT with mps.enabled) are the Job's too."""
+def test_the_job_checks_each_configs_text_only(tmp_path: Path) -> None:
+    """What depends on the node (GPUs, MIG mode, MPS_ROOT) is the agent's to check there:
+    an MPS config passes the Job whatever mps.enabled says, and the Job gets no flag env."""
     mps = (
         "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
     )
-    values = {"config": {"map": {"mps": mps}}, "migStrategy": "mixed", "mps": {"enabled": True}}
+    values = {"config": {"map": {"mps": mps}}, "migStrategy": "mixed"}
     (agent,) = hooks(values)["Job"]["spec"]["template"]["spec"]["containers"]
-    assert {"name": "MIG_STRATEGY", "value": "mixed"} in agent["env"]
-    assert {"name": "MPS_ROOT", "value": "/run/nvidia/mps"} in agent["env"]
+    assert "env" not in agent
     assert run_the_job(values, tmp_path).returncode == 0
