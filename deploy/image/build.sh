@@ -152,5 +152,5 @@ buildah build --quiet "$cache" --timestamp "$SOURCE_DATE_EPOCH" \
     --build-arg REVISION="$revision" \
     --build-arg SOURCE="$source_url" \
     -f "$here/Dockerfile" -t "$image" "$context" >/dev/null
-size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
+size=$(buildah images --noheading --format '{{.Size}}' "$image" | awk 'NR == 1')  # awk reads all: no SIGPIPE
 echo "build.sh: image $image built in $(since "$start") s, size $size"
