@@ -24,6 +24,7 @@ CHART = ROOT / "deploy" / "helm" / "gpuslice"
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpuslice.yaml"
 OLDEST_KUBE = Version("1.28")
 POLICY_KUBE = Version("1.30")  # ValidatingAdmissionPolicy v1: rendered from this version on
+DRA_KUBE = Version("1.34")  # resource.k8s.io/v1: DRA rendered from this version on
 _API_VERSION = re.compile(r"^([^./]*)(?:\.[^/]*)?/")
 RELEASE = "gpu"
 NAMESPACE = "gpu-system"
@@ -121,6 +122,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "deviceListStrategy": "cdi-cri",
     },
     "nvidia-v020": NVIDIA_VALUES,
+    "dra": {
+        "dra": {
+            "enabled": True,
+            "devicePluginResources": ["nvidia.com/gpu"],
+            "consumableShares": True,
+        },
+        "kubeletRootDir": "/var/lib/k0s/kubelet",
+    },
     "admission": {
         "config": {"map": {**CONFIGS, "mps-2": ADMISSION_MPS}, "default": "t4-ts-4"},
         "admissionPolicies": {"enabled": True, "warn": ["nvidia.com/gpu.small"]},

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from chart_kit import (
     CHART,
+    DRA_KUBE,
     MANIFESTS,
     POLICY_KUBE,
     VALUE_SETS,
@@ -64,11 +65,19 @@ def test_every_rendered_object_passes_every_kubernetes_schema(name: str) -> None
     objects = rendered(name)
     assert {o["kind"] for o in objects} >= {"DaemonSet", "ServiceAccount", "ClusterRole"}
     policy = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+    def rendered_on(obj: dict[str, Any], version: str) -> bool:
+        if obj["apiVersion"].startswith("resource.k8s.io/") or obj["metadata"]["name"].endswith(
+            "-dra"
+        ):
+            return Version(version) >= DRA_KUBE
+        return Version(version) >= POLICY_KUBE or obj["kind"] not in policy
+
     errors = [
         e
         for v in kube_versions()
         for o in objects
-        if Version(v) >= POLICY_KUBE or o["kind"] not in policy  # not rendered there
+        if rendered_on(o, v)  # not rendered on older versions
         for e in schema_errors(o, v)
     ]
     assert not errors, "\n".join(errors)

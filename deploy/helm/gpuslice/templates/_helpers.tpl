@@ -75,7 +75,7 @@ the one object the Role's configmaps rule covers. */}}
 {{- end }}
 
 {{/* "true" when a CDI spec directory is needed: deviceListStrategy, or an inline config,
-names a cdi-* strategy. */}}
+names a cdi-* strategy, or DRA is served (a CDI spec per claim). */}}
 {{- define "gpuslice.cdi" -}}
 {{- $names := splitList "," (include "gpuslice.envText" (default "" .Values.deviceListStrategy)) }}
 {{- $cdi := false }}
@@ -83,7 +83,14 @@ names a cdi-* strategy. */}}
 {{- range $entry, $text := .Values.config.map }}
 {{- if regexMatch "cdi-(annotations|cri)" (toString $text) }}{{ $cdi = true }}{{ end }}
 {{- end }}
+{{- if include "gpuslice.dra" . }}{{ $cdi = true }}{{ end }}
 {{- if $cdi }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the agent serves DRA: dra.enabled on Kubernetes 1.34 or later, where
+resource.k8s.io/v1 is served. */}}
+{{- define "gpuslice.dra" -}}
+{{- if and .Values.dra.enabled (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
 {{- end }}
 
 {{/* "true" when the memory-budget watchdog kills processes: its terminate policy, which needs
