@@ -134,6 +134,11 @@ class PluginEndpoint(Protocol):
         """Return why, once the server stopped serving on its own (call after start)."""
         ...
 
+    async def wait_dropped(self) -> None:
+        """Return once the kubelet cancelled a ListAndWatch stream that we did not end
+        (it dropped the resource; call after start, again for the next one)."""
+        ...
+
     async def stop(self) -> None:
         """Stop serving and remove our socket; never raises for a server already down."""
         ...

@@ -94,6 +94,9 @@ class NullEndpoint:
     def down(self) -> str | None:
         return None
 
+    async def wait_dropped(self) -> None:
+        await asyncio.Event().wait()  # the kubelet never drops it
+
     async def wait_down(self) -> str:
         await asyncio.Event().wait()  # never goes down
         return ""

@@ -69,6 +69,9 @@ class KubeletEndpoint:
     async def wait_down(self) -> str:
         return await self.server.wait_down()
 
+    async def wait_dropped(self) -> None:
+        await self.server.wait_dropped()
+
     async def stop(self) -> None:
         self._kubelet = None
         await self.server.stop()

@@ -62,6 +62,7 @@ class DevicePluginServer:
         self._watch: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._down_reason = ""
+        self._dropped = asyncio.Event()
 
     @property
     def serving(self) -> bool:
@@ -83,7 +84,8 @@ class DevicePluginServer:
         except OSError as exc:
             reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
             raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
-        servicer = DevicePluginServicer(self.handler, self._metrics)
+        self._dropped = asyncio.Event()
+        servicer = DevicePluginServicer(self.handler, self._metrics, self._dropped.set)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
@@ -122,6 +124,13 @@ class DevicePluginServer:
         down = self._down
         await down.wait()
         return self._down_reason
+
+    async def wait_dropped(self) -> None:
+        """Return once the kubelet has cancelled a ListAndWatch stream of this server
+        (call after start(); each call waits for the next cancel)."""
+        dropped = self._dropped
+        await dropped.wait()
+        dropped.clear()
 
     def _mark_down(self) -> None:
         self._down_reason = f"the gRPC server for {self.resource_name} stopped on its own"

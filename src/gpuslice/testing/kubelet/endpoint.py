@@ -62,7 +62,7 @@ class PluginEndpoint:
         self._closing = True
         self.connected = False
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and task is not asyncio.current_task():  # not from _on_end
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
