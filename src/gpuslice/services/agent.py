@@ -42,6 +42,8 @@ KUBELET_SOCKET = "kubelet.sock"
 # (directory, names) -> async context yielding (name, "created" | "deleted") events.
 DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
 DirWatch = Callable[[str, Collection[str] | None], DirEvents]
+# (stop, told who it waits for) -> the release, or None when stopped first.
+ClaimDir = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[Callable[[], None] | None]]
 
 
 @dataclass
@@ -63,6 +65,10 @@ class AgentDeps:
     # resource (services.holds); None: nothing is held.
     pod_resources: Callable[[], AbstractAsyncContextManager[PodResources]] | None = None
     mps: MpsDaemons | None = None  # control daemons of MPS resources (sharing.mps only)
+    # Takes the device-plugin directory from a predecessor, awaited once all else is
+    # ready and just before serving, so that a successor started beside the old agent
+    # serves the instant the old one lets go; released the instant serving stops.
+    claim_dir: ClaimDir | None = None
 
 
 class Agent:
@@ -84,6 +90,7 @@ class Agent:
         self._monitor: HealthMonitor | None = None
         self.holds: DeviceHolds | None = None  # set once run() has PodResources
         self.ready = asyncio.Event()  # set once every resource was served the first time
+        self.waiting_for: str | None = None  # the predecessor holding the directory, if any
 
     @property
     def snapshot(self) -> HardwareSnapshot:
@@ -113,6 +120,7 @@ class Agent:
         Raises PluginServerFailed when a resource's server failed more often than
         the restart budget allows (after stopping everything).
         """
+        release: Callable[[], None] | None = None
         if self._deps.load_settings is not None:
             self.desired.put(self._deps.load_settings())
         first = await unless_stopped(self.desired.newer_than(0), stop)
@@ -142,6 +150,11 @@ class Agent:
                 if self._deps.pod_resources is not None:
                     pods = await stack.enter_async_context(self._deps.pod_resources())
                     self.holds = DeviceHolds(pods, self._hold_moved)
+                if self._deps.claim_dir is not None:
+                    release = await self._deps.claim_dir(stop, self._waiting)
+                    self.waiting_for = None
+                    if release is None:
+                        return  # stopped while a predecessor still served
                 await self._serve_first(generation, settings)
                 self._monitor = HealthMonitor(
                     self._backend,
@@ -183,9 +196,11 @@ class Agent:
                 if self.manager.error is not None:
                     raise self.manager.error
         finally:
-            await self.manager.stop()
+            await self.manager.stop()  # every stream ended, every socket removed
             if self._deps.mps is not None:
                 await self._deps.mps.close()
+            if release is not None:  # a successor may serve now, while we close the rest
+                release()
             backend = self._backend
             await self._call(backend.close)
             self._pool.shutdown(wait=True)
@@ -292,6 +307,9 @@ class Agent:
                 for res, handler in self.manager.handlers.items():
                     if handler.resource.socket_name == name:
                         await self.manager.socket_deleted(res)
+
+    def _waiting(self, holder: str) -> None:
+        self.waiting_for = holder
 
     def _hold_moved(self, held: frozenset[str]) -> None:
         self.manager.hold_unhealthy(held, by="moved")

@@ -38,10 +38,10 @@ from gpuslice.services.supervisor_events import (
     RegisterFailed,
     ServerDown,
     SocketDeleted,
-    StreamDropped,
     Start,
     State,
     Stop,
+    StreamDropped,
     TimerDue,
     Timing,
 )
@@ -154,10 +154,10 @@ class Supervisor:
             # The kubelet serving now dropped us (an older stream of the resource ended
             # after we registered): register again at once. A kubelet restart, which
             # ends every stream too, is left to KubeletRestarted.
-            if event.incarnation == self._incarnation and state is State.REGISTERED:
-                if self.endpoint.current():
-                    log.warning("stream_dropped_registering_again", resource=self.name)
-                    await self._register()
+            mine = event.incarnation == self._incarnation and state is State.REGISTERED
+            if mine and self.endpoint.current():
+                log.warning("stream_dropped_registering_again", resource=self.name)
+                await self._register()
         elif event.step == self._step:
             await self._on_step(event)
 

@@ -77,6 +77,8 @@ class KubeletStandin:
         self.restarts = 0
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._superseded: list[PluginEndpoint] = []  # replaced, their streams still open
+        self._dropped_at: dict[str, float] = {}  # resource -> when a disconnect zeroed it
+        self._unserved: dict[str, float] = {}  # resource -> seconds at 0 after disconnects
         self._state = checkpoint.Checkpoint()
         self._server: grpc.aio.Server | None = None
         self._cond = asyncio.Condition()
@@ -221,7 +223,25 @@ class KubeletStandin:
             self._save()
 
     async def _on_update(self, ep: PluginEndpoint) -> None:
+        since = self._dropped_at.get(ep.resource)
+        healthy = any(d.healthy for d in ep.devices.values())
+        if since is not None and healthy and self._endpoints.get(ep.resource) is ep:
+            del self._dropped_at[ep.resource]
+            gap = time.monotonic() - since
+            self._unserved[ep.resource] = self._unserved.get(ep.resource, 0.0) + gap
         await self._notify()
+
+    def unserved_s(self, resource: str) -> float:
+        """Seconds the resource's allocatable was 0 because its plugin was disconnected
+        (a stream ended), until a plugin registered again and sent a healthy list."""
+        since = self._dropped_at.get(resource)
+        ongoing = 0.0 if since is None else time.monotonic() - since
+        return self._unserved.get(resource, 0.0) + ongoing
+
+    def _dropped(self, ep: PluginEndpoint) -> None:
+        """Disconnect: every device Unhealthy (allocatable 0, capacity kept)."""
+        _mark_unhealthy(ep)
+        self._dropped_at.setdefault(ep.resource, time.monotonic())
 
     async def _on_end(self, ep: PluginEndpoint) -> None:
         """A plugin's ListAndWatch stream ended without the stand-in closing it. As
@@ -249,10 +269,10 @@ class KubeletStandin:
                 _log.warning(
                     "standin_resource_dropped", resource=ep.resource, endpoint=current.endpoint
                 )
-                _mark_unhealthy(current)
+                self._dropped(current)
                 await current.close()
         elif current is ep:
-            _mark_unhealthy(ep)
+            self._dropped(ep)
             await ep.close()
         await self._notify()
 
