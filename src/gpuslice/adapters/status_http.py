@@ -5,7 +5,8 @@
 Every request is bounded: a request line over MAX_LINE bytes is answered 414, headers
 over MAX_HEADER_BYTES or MAX_HEADER_LINES 431, each in one line; the whole request
 must arrive and the answer be taken within `timeout_s`, or the connection is closed;
-beyond `max_connections` open at once, a new connection is closed at once. /metrics
+beyond `max_connections` open at once, the oldest is closed, so that slow clients
+can neither pile up file descriptors nor keep the kubelet's probes out. /metrics
 is rendered off the loop (the agent's state is read on it first, which is cheap), one
 render at a time: every request that arrives while one runs shares it. The port is
 bound with SO_REUSEPORT, so that an agent's successor started beside it (sharing the
@@ -106,7 +107,7 @@ class StatusServer:
         self._metrics = SharedRender(metrics) if callable(metrics) else metrics
         self._timeout_s = timeout_s
         self._max_connections = max_connections
-        self._open = 0
+        self._open: dict[asyncio.Transport, None] = {}  # oldest first
         self._server: asyncio.Server | None = None
 
     @property
@@ -116,7 +117,7 @@ class StatusServer:
 
     @property
     def open_connections(self) -> int:
-        return self._open
+        return len(self._open)
 
     async def __aenter__(self) -> StatusServer:
         try:
@@ -141,14 +142,19 @@ class StatusServer:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= self._max_connections:  # closed at once: its fd is freed now
-            writer.transport.abort()
-            return
-        self._open += 1
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        if len(self._open) >= self._max_connections:  # its fd is freed now
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            oldest.abort()
+        self._open[transport] = None
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
                     path = await _read_request(reader)
+                    if transport.is_closing():  # closed to make room for a newer one
+                        return
                     reply = await self._respond(path)
                 except _TooLargeError as exc:
                     reply = exc.status, TEXT, f"{exc}\n".encode()
@@ -161,7 +167,7 @@ class StatusServer:
         except (TimeoutError, ConnectionError):
             writer.transport.abort()  # a slow or vanished client: its fd is freed now
         finally:
-            self._open -= 1
+            self._open.pop(transport, None)
             if not writer.transport.is_closing():
                 writer.transport.abort()
 
