@@ -86,7 +86,8 @@ async def test_oversized_headers_are_431_in_one_line(server: StatusServer, heade
     raw = await _exchange(server.port, b"GET /readyz HTTP/1.1\r\n" + headers + b"\r\n")
     code, body = _status(raw)
     assert code == 431
-    assert body.count(b"\n") == 1 and body.startswith(b"request headers over")
+    assert body.count(b"\n") == 1
+    assert body.startswith(b"request headers over")
 
 
 async def test_a_slow_client_is_closed_after_the_timeout() -> None:

@@ -105,8 +105,8 @@ async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_regis
     await kubelet.wait_for(lambda k: registrations(k)[GPU] >= 2 and serving(k, {GPU: 4}), 15)
     print(f"old agent exited -> successor serving in {time.monotonic() - gone:.3f} s")
     before = pods.admitted
-    while pods.admitted < before + 5:  # a few more admissions with the successor alone
-        await asyncio.sleep(PERIOD_S)
+    # a few more admissions with the successor alone (each one wakes wait_for)
+    await kubelet.wait_for(lambda _: pods.admitted >= before + 5, 5)
     pods.stop.set()
     await admitting
     gap = kubelet.unserved_s(GPU)
