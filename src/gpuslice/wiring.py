@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.adapters.kubelet.dirlock import Holder, claim, directory_present
 from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
+from gpuslice.adapters.kubelet.handover import DirClaim
 from gpuslice.config import settings as config_settings
 from gpuslice.config.checks import duration_seconds, show
 from gpuslice.config.flags import FALSE_WORDS, FLAGS_BY_NAME, resolve, setting, with_defaults
@@ -385,7 +387,13 @@ def _list(text: str) -> tuple[str, ...]:
 
 def lock_holder(opts: RunOptions) -> Holder:
     """Who this agent is, for another agent waiting on the device-plugin directory."""
-    return Holder(os.getpid(), opts.get("pod-name"), opts.get("node-name"), socket.gethostname())
+    return Holder(
+        os.getpid(),
+        opts.get("pod-name"),
+        opts.get("node-name"),
+        socket.gethostname(),
+        token=secrets.token_hex(8),
+    )
 
 
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
@@ -433,10 +441,10 @@ def _http_servers(
 
 async def _claim(
     opts: RunOptions, stop: asyncio.Event, waiting: Callable[[str], None]
-) -> Callable[[], None] | None:
-    """The device-plugin directory's lock, once no other agent holds it; its release."""
+) -> DirClaim | None:
+    """The device-plugin directory, once no other agent holds it."""
     lock = await claim(opts.plugin_dir, lock_holder(opts), stop, waiting)
-    return None if lock is None else lock.release
+    return None if lock is None else DirClaim(lock)
 
 
 def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:

@@ -200,6 +200,9 @@ class _FakeEndpoint:
     def down(self) -> str | None:
         return "went down" if self._down.is_set() else None
 
+    def release_socket(self) -> None:
+        return None
+
     async def wait_dropped(self) -> None:
         await asyncio.Event().wait()  # the kubelet never drops it
 

@@ -21,7 +21,7 @@ from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.ports import GpuBackend, Metrics, PodResources
+from gpuslice.core.ports import DirectoryClaim, GpuBackend, Metrics, PodResources
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
@@ -42,8 +42,8 @@ KUBELET_SOCKET = "kubelet.sock"
 # (directory, names) -> async context yielding (name, "created" | "deleted") events.
 DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
 DirWatch = Callable[[str, Collection[str] | None], DirEvents]
-# (stop, told who it waits for) -> the release, or None when stopped first.
-ClaimDir = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[Callable[[], None] | None]]
+# (stop, told who it waits for) -> the claim, or None when stopped first.
+ClaimDir = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[DirectoryClaim | None]]
 
 
 @dataclass
@@ -67,7 +67,7 @@ class AgentDeps:
     mps: MpsDaemons | None = None  # control daemons of MPS resources (sharing.mps only)
     # Takes the device-plugin directory from a predecessor, awaited once all else is
     # ready and just before serving, so that a successor started beside the old agent
-    # serves the instant the old one lets go; released the instant serving stops.
+    # serves the instant the old one lets go; handed over to a successor on the way out.
     claim_dir: ClaimDir | None = None
 
 
@@ -120,7 +120,7 @@ class Agent:
         Raises PluginServerFailed when a resource's server failed more often than
         the restart budget allows (after stopping everything).
         """
-        release: Callable[[], None] | None = None
+        claim: DirectoryClaim | None = None
         if self._deps.load_settings is not None:
             self.desired.put(self._deps.load_settings())
         first = await unless_stopped(self.desired.newer_than(0), stop)
@@ -151,11 +151,13 @@ class Agent:
                     pods = await stack.enter_async_context(self._deps.pod_resources())
                     self.holds = DeviceHolds(pods, self._hold_moved)
                 if self._deps.claim_dir is not None:
-                    release = await self._deps.claim_dir(stop, self._waiting)
+                    claim = await self._deps.claim_dir(stop, self._waiting)
                     self.waiting_for = None
-                    if release is None:
+                    if claim is None:
                         return  # stopped while a predecessor still served
                 await self._serve_first(generation, settings)
+                if claim is not None:
+                    claim.serving()
                 self._monitor = HealthMonitor(
                     self._backend,
                     settings.xid_policy,
@@ -196,11 +198,18 @@ class Agent:
                 if self.manager.error is not None:
                     raise self.manager.error
         finally:
+            mps = self._deps.mps
+            if claim is not None and not (mps is not None and mps.daemons):
+                # Serve on until a successor has registered (MPS daemons, which a
+                # successor would start again, are never run side by side).
+                self.manager.release_sockets()
+                await claim.hand_over()
+                claim = None
             await self.manager.stop()  # every stream ended, every socket removed
-            if self._deps.mps is not None:
-                await self._deps.mps.close()
-            if release is not None:  # a successor may serve now, while we close the rest
-                release()
+            if mps is not None:
+                await mps.close()
+            if claim is not None:  # a successor may serve now, while we close the rest
+                claim.release()
             backend = self._backend
             await self._call(backend.close)
             self._pool.shutdown(wait=True)

@@ -94,6 +94,9 @@ class NullEndpoint:
     def down(self) -> str | None:
         return None
 
+    def release_socket(self) -> None:
+        return None
+
     async def wait_dropped(self) -> None:
         await asyncio.Event().wait()  # the kubelet never drops it
 

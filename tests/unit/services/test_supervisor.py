@@ -97,6 +97,9 @@ class Endpoint:
     def down(self) -> str | None:
         return "it went down" if self._down.is_set() else None
 
+    def release_socket(self) -> None:
+        return None
+
     async def wait_dropped(self) -> None:
         await asyncio.Event().wait()  # the kubelet never drops it
 

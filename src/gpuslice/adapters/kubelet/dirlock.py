@@ -20,7 +20,7 @@ import fcntl
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import structlog
 
@@ -43,6 +43,8 @@ class Holder:
     pod: str = ""
     node: str = ""
     host: str = ""
+    token: str = ""  # this process, where PIDs of two pods' namespaces may be equal
+    serving: bool = False  # it has registered every resource (a predecessor waits for it)
 
     def describe(self) -> str:
         parts = [f"pid {self.pid}"]
@@ -84,6 +86,16 @@ class DirLock:
         """Who holds the lock, as its holder file says."""
         holder = self._read_holder()
         return holder.describe() if holder else f"a process that left no readable {self._info}"
+
+    def holder_record(self) -> Holder | None:
+        """The holder file's record, whoever wrote it (None: none readable)."""
+        return self._read_holder()
+
+    def mark_serving(self) -> None:
+        """Say in the holder file that we serve (while we hold the lock)."""
+        if self._fd is not None:
+            self.me = replace(self.me, serving=True)
+            self._write_holder()
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

@@ -69,6 +69,9 @@ class KubeletEndpoint:
     async def wait_down(self) -> str:
         return await self.server.wait_down()
 
+    def release_socket(self) -> None:
+        self.server.release_socket()
+
     async def wait_dropped(self) -> None:
         await self.server.wait_dropped()
 

@@ -125,6 +125,16 @@ class DevicePluginServer:
         await down.wait()
         return self._down_reason
 
+    def release_socket(self) -> None:
+        """Remove our socket file and keep serving: connections already made (the
+        kubelet's) go on, and a successor can bind the path. stop() ends the rest."""
+        if self._bound is not None and file_id(self.socket_path) == self._bound:
+            try:
+                _unlink(self.socket_path)
+            except OSError as exc:
+                _log.warning("plugin_socket_not_removed", socket=self.socket_path, error=str(exc))
+        self._bound = None
+
     async def wait_dropped(self) -> None:
         """Return once the kubelet has cancelled a ListAndWatch stream of this server
         (call after start(); each call waits for the next cancel)."""
