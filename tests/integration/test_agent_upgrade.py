@@ -3,10 +3,12 @@ as real `gpuslice run` processes against the kubelet stand-in, which replaces a 
 as the kubelet does (any stream that ends disconnects the resource's current client).
 
 The successor shares the status port (hostNetwork), reports ready while it waits for
-the device-plugin directory, and serves the instant the old agent lets go. Allocatable
-is then 0 only for the successor's first registration (tens of milliseconds, where a
-cold start took seconds); a pod admitted inside that window still fails, as the kubelet
-marks the resource unhealthy whenever a stream ends (docs/install.md, "Upgrades")."""
+the device-plugin directory, and registers while the old agent still serves; when the
+old agent's stream then ends, the stand-in (as the kubelet) drops the successor's client,
+which registers again at once. Allocatable is 0 only for that second registration
+(milliseconds, where a successor started after the old agent took its whole start-up);
+a pod admitted inside that window still fails, as it would with the kubelet, whose code
+leaves no hand-over without one (docs/install.md, "Upgrades")."""
 
 from __future__ import annotations
 
@@ -17,9 +19,15 @@ import signal
 import socket
 import time
 
-from agent_harness import GPU, registrations, serving
+from agent_harness import GPU, AgentLauncher, registrations, serving
 from process_harness import AgentProcess, clean_env
 
+from gpuslice.adapters.fake import load_spec
+from gpuslice.adapters.kubelet import DevicePluginServer
+from gpuslice.core.resources import build_resources
+from gpuslice.core.response import AllocateOptions
+from gpuslice.core.sharing import ResourceSettings
+from gpuslice.services.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 PERIOD_S = 0.05
@@ -102,7 +110,7 @@ async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_regis
     rc, _ = await old.wait()
     assert rc == 0, old.log
     gone = time.monotonic()
-    await kubelet.wait_for(lambda k: registrations(k)[GPU] >= 2 and serving(k, {GPU: 4}), 15)
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 3 and serving(k, {GPU: 4}), 15)
     print(f"old agent exited -> successor serving in {time.monotonic() - gone:.3f} s")
     before = pods.admitted
     # a few more admissions with the successor alone (each one wakes wait_for)
@@ -112,8 +120,12 @@ async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_regis
     gap = kubelet.unserved_s(GPU)
     print(f"allocatable 0 for {gap * 1000:.1f} ms; failed: {pods.failed}")
 
-    assert gap < 0.25  # the successor's registration, not a start-up (seconds)
-    assert pods.failed == []
+    assert gap < 0.25  # one registration, not a start-up (seconds)
+    # Only a pod admitted inside that window can fail, and only for want of healthy
+    # devices: none reached an agent that had stopped serving.
+    assert len(pods.failed) <= 1 + int(gap / PERIOD_S), pods.failed
+    assert all("no healthy devices present" in f for f in pods.failed), pods.failed
+    assert registrations(kubelet)[GPU] == 3  # old; successor; successor again
     assert pods.admitted > 10
     code, body = await _readyz(port)
     assert (code, "waiting" in body) == (200, False)
@@ -121,3 +133,27 @@ async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_regis
     rc, _ = await new.wait()
     assert rc == 0, new.log
     assert "Traceback" not in old.log + new.log
+
+
+async def test_an_agent_the_kubelet_drops_registers_again_at_once(
+    kubelet: KubeletStandin, launcher: AgentLauncher
+) -> None:
+    """An older plugin of the resource still streams when the agent registers; when it
+    ends, the stand-in (as the kubelet) drops the agent's client and cancels its stream,
+    kubelet.sock unchanged: the agent registers again at once, with no restart."""
+    (resource,) = build_resources(load_spec("t4x4"), ResourceSettings())
+    handler = ResourceHandler(resource, AllocateOptions())
+    other = DevicePluginServer(handler, kubelet.plugin_dir, "other-gpu.sock")
+    await other.start()
+    await other.register(kubelet.socket_path)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
+    running = await launcher.start("t4x4")
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) == "nvidia-gpu.sock")
+
+    await other.stop()  # the older stream ends
+    await kubelet.wait_for(lambda k: len(k.stale_streams) == 1 and registrations(k)[GPU] == 3)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
+    assert kubelet.endpoint(GPU) == "nvidia-gpu.sock"
+    assert running.agent.manager.server_failures == 0
+    assert running.agent.manager.registered() == {GPU: True}
+    await kubelet.admit("pod", {"main": {GPU: 1}})
