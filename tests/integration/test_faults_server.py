@@ -203,6 +203,9 @@ class _FakeEndpoint:
     def release_socket(self) -> None:
         return None
 
+    async def wait_listed(self) -> None:
+        return None
+
     async def wait_dropped(self) -> None:
         await asyncio.Event().wait()  # the kubelet never drops it
 

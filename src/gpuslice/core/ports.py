@@ -134,6 +134,11 @@ class PluginEndpoint(Protocol):
         """Return why, once the server stopped serving on its own (call after start)."""
         ...
 
+    async def wait_listed(self) -> None:
+        """Return once the kubelet, since our last Register call, has opened ListAndWatch
+        and been sent the list (at once when we do not register)."""
+        ...
+
     def release_socket(self) -> None:
         """Remove our socket file but keep serving the connections already made (the
         kubelet's), so that a successor can serve the same path; stop() still ends it."""

@@ -38,6 +38,7 @@ log = structlog.get_logger("gpuslice.agent")
 
 T = TypeVar("T")
 KUBELET_SOCKET = "kubelet.sock"
+LISTED_S = 5.0  # how long a successor waits for the kubelet's streams before saying it serves
 
 # (directory, names) -> async context yielding (name, "created" | "deleted") events.
 DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
@@ -156,8 +157,6 @@ class Agent:
                     if claim is None:
                         return  # stopped while a predecessor still served
                 await self._serve_first(generation, settings)
-                if claim is not None:
-                    claim.serving()
                 self._monitor = HealthMonitor(
                     self._backend,
                     settings.xid_policy,
@@ -178,6 +177,10 @@ class Agent:
                     gpus=gpus(self.snapshot),
                     serving=served(counts(self.resources)),
                 )
+                if claim is not None:  # a predecessor waits for it to end its streams
+                    stack.push_async_callback(
+                        _cancelled, asyncio.create_task(self._say_serving(claim))
+                    )
                 tasks = [asyncio.create_task(self._converge())]
                 if events is not None:
                     tasks.append(asyncio.create_task(self._watch_kubelet(events)))
@@ -317,6 +320,13 @@ class Agent:
                     if handler.resource.socket_name == name:
                         await self.manager.socket_deleted(res)
 
+    async def _say_serving(self, claim: DirectoryClaim) -> None:
+        """Once the kubelet reads every list from us (LISTED_S at most), say so to a
+        predecessor waiting to end its streams."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.manager.listed(), LISTED_S)
+        claim.serving()
+
     def _waiting(self, holder: str) -> None:
         self.waiting_for = holder
 
@@ -343,6 +353,11 @@ async def _first_of(tasks: list[asyncio.Task[None]], *events: asyncio.Event) -> 
         for wait in waits:
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _crashed(tasks: list[asyncio.Task[None]]) -> AgentTaskFailed | None:

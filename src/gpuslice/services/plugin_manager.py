@@ -154,6 +154,12 @@ class PluginManager:
         if supervisor is not None:
             await supervisor.send(SocketDeleted())
 
+    async def listed(self) -> None:
+        """Return once the kubelet reads every registered resource's list from us."""
+        await asyncio.gather(
+            *(s.endpoint.wait_listed() for s in self._supervisors.values() if s.state in UP)
+        )
+
     def release_sockets(self) -> None:
         """Remove every served socket file, still serving the kubelet's connections, for
         a successor to serve the same paths (adapters/kubelet/handover.py)."""

@@ -97,6 +97,9 @@ class NullEndpoint:
     def release_socket(self) -> None:
         return None
 
+    async def wait_listed(self) -> None:
+        return None
+
     async def wait_dropped(self) -> None:
         await asyncio.Event().wait()  # the kubelet never drops it
 

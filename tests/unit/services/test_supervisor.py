@@ -102,6 +102,9 @@ class Endpoint:
     def release_socket(self) -> None:
         return None
 
+    async def wait_listed(self) -> None:
+        return None
+
     async def wait_dropped(self) -> None:
         await self.dropped.wait()
         self.dropped.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 import stat
 
@@ -63,6 +64,7 @@ class DevicePluginServer:
         self._down = asyncio.Event()
         self._down_reason = ""
         self._dropped = asyncio.Event()
+        self._listed = asyncio.Event()  # a stream got its list since the last register()
 
     @property
     def serving(self) -> bool:
@@ -85,16 +87,28 @@ class DevicePluginServer:
             reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
             raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
         self._dropped = asyncio.Event()
-        servicer = DevicePluginServicer(self.handler, self._metrics, self._dropped.set)
+        servicer = DevicePluginServicer(
+            self.handler, self._metrics, self._dropped.set, self._listed.set
+        )
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
+        # Bound under a name of our own, then renamed into place: gRPC removes the path
+        # it bound when the server stops, which must never be a successor's socket.
+        bound = f"{self.socket_path}.{secrets.token_hex(3)}"
         try:
-            server.add_insecure_port(unix_target(self.socket_path))
+            server.add_insecure_port(unix_target(bound))
         except RuntimeError as exc:
             await server.stop(None)
             reason = f"cannot serve {self.resource_name} on {self.socket_path}: {exc}"
             raise ServerError(reason) from None
         await server.start()
+        try:
+            os.rename(bound, self.socket_path)
+        except OSError as exc:
+            await server.stop(None)
+            _unlink(bound)
+            reason = f"cannot serve {self.resource_name} on {self.socket_path}: {exc}"
+            raise ServerError(reason) from None
         self._server, self._servicer = server, servicer
         self._bound = file_id(self.socket_path)
         self._watch = asyncio.create_task(self._watch_termination(server))
@@ -102,6 +116,7 @@ class DevicePluginServer:
 
     async def register(self, kubelet_socket_path: str, timeout_s: float = 5.0) -> None:
         """Register our endpoint (the socket's base name). Raises RegistrationError."""
+        self._listed.clear()
         await register(
             kubelet_socket_path,
             endpoint=self.socket_name,
@@ -124,6 +139,11 @@ class DevicePluginServer:
         down = self._down
         await down.wait()
         return self._down_reason
+
+    async def wait_listed(self) -> None:
+        """Return once a ListAndWatch stream opened since the last register() call has
+        been sent its list (the kubelet reads from us now)."""
+        await self._listed.wait()
 
     def release_socket(self) -> None:
         """Remove our socket file and keep serving: connections already made (the
