@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from agent_harness import GPU, serving
+from process_harness import AgentProcess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -35,6 +35,8 @@ from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
+
+from .invariant import RSS_GROWTH_LIMIT, answers_allocate, rss_bytes
 
 PODS = 4000
 SCRAPERS = 8
@@ -117,34 +119,40 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_300_slow_connections_do_not_pile_up_file_descriptors() -> None:
-    """The server in a process of its own, so that only its fds are counted."""
-    script = (
-        "import asyncio, sys\n"
-        "from gpuslice.adapters.status_http import StatusServer\n"
-        "async def main():\n"
-        "    async with StatusServer('127.0.0.1:0', lambda: (True, {})) as s:\n"
-        "        print(f'PORT {s.port}', flush=True)\n"
-        "        await asyncio.Event().wait()\n"
-        "asyncio.run(main())\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_an_agent_under_300_slow_connections_keeps_its_fds_and_serves(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """`gpuslice run` with its status port: 300 idle connections and a 100 KiB request
+    line; its fds grow by at most the connection limit, the probes and Allocate answer."""
+    port = _free_port()
+    argv = ["--fake-hardware", "t4", "--kubelet-socket", os.path.join(plugin_dir, "kubelet.sock")]
+    agent = await AgentProcess.start([*argv, "--status-address", f"127.0.0.1:{port}"])
+    processes.append(agent)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 1}), 15)
+    pid = agent.proc.pid
+    fds, rss = _fds(pid), rss_bytes(pid)
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(300)]
     try:
-        assert proc.stdout is not None
-        port = int(next(line for line in proc.stdout if line.startswith("PORT")).split()[1])
-        before = _fds(proc.pid)
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
-        with socket.create_connection(("127.0.0.1", port)) as probe:
-            probe.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
-            assert probe.recv(100).startswith(b"HTTP/1.1 200")
-        grown = _fds(proc.pid) - before
-        print(f"fds before {before}, with 300 idle connections +{grown}")
+        raw = await _exchange(port, b"GET /" + b"a" * 100 * 1024 + b" HTTP/1.1\r\n\r\n")
+        assert _status(raw)[0] == 414
+        code, _ = _status(await _exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n"))
+        assert code == 200
+        grown = _fds(pid) - fds
+        print(f"agent fds {fds}, with 300 idle connections +{grown}")
         assert grown <= MAX_CONNECTIONS + 2
-        for sock in idle:
-            sock.close()
+        await answers_allocate(kubelet)
+        assert rss_bytes(pid) - rss < RSS_GROWTH_LIMIT
     finally:
-        proc.kill()
-        proc.wait()
+        for _, writer in idle:
+            writer.close()
+    assert agent.proc.returncode is None
+    assert "Traceback" not in agent.log
 
 
 class _Pods(ScrapeCollector[int]):
