@@ -21,7 +21,18 @@ from typing import Any
 
 import grpc
 
-from bench import configmap, dra, events, listing, memory, reconfig, rpc, sampling, startup
+from bench import (
+    configmap,
+    dra,
+    events,
+    listing,
+    memory,
+    reconfig,
+    rpc,
+    sampling,
+    startup,
+    upgrade,
+)
 from bench.harness import Figure, failed, table
 from bench.plan import FULL, QUICK, Plan
 from bench.rigs import REPO, quiet_logs
@@ -37,6 +48,7 @@ GROUPS: dict[str, Group] = {
     "memory": (memory.FIGURES, memory.run),
     "sampling": (sampling.FIGURES, sampling.run),
     "dra": (dra.FIGURES, dra.run),
+    "upgrade": (upgrade.FIGURES, upgrade.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

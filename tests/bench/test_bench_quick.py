@@ -39,6 +39,7 @@ FIGURES = {
     "dra_prepare_8_p50",
     "dra_prepare_8_p99",
     "dra_publish_after_health_p99",
+    "upgrade_gap",
 }
 
 
