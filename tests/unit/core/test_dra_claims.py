@@ -76,6 +76,7 @@ def test_nvidias_gpu_config_parses_unchanged() -> None:
                 "defaultActiveThreadPercentage": 50,
                 "defaultPinnedDeviceMemoryLimit": "10Gi",
                 "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                "multiUser": False,
             },
         )
     )
@@ -108,6 +109,10 @@ def test_nvidias_gpu_config_parses_unchanged() -> None:
             "parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 'lots' is not",
         ),
         (gpu_config(strategy="MPS", extra=1), "parameters.sharing: unknown field 'extra'"),
+        (
+            gpu_config(strategy="MPS", mpsConfig={"multiUser": True}),
+            "parameters.sharing.mpsConfig.multiUser: True; only false",
+        ),
         ("text", "parameters: expected an object, got str"),
     ],
 )

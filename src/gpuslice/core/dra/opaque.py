@@ -9,6 +9,7 @@
         defaultActiveThreadPercentage: 50
         defaultPinnedDeviceMemoryLimit: 10Gi
         defaultPerDevicePinnedMemoryLimit: {"0": 5Gi}   # GPU index or UUID -> limit
+        multiUser: false
 
 The parameters arrive already decoded (the claim's JSON); every error is one line naming
 the field and what it allows. Unknown fields are refused, as NVIDIA's driver decodes
@@ -80,7 +81,13 @@ def parse_config(params: object, where: str = "parameters") -> SharingConfig:
 
 def _mps(kind: str, mps: Mapping[str, object], at: str) -> SharingConfig:
     _only(mps, at, "defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit",
-          "defaultPerDevicePinnedMemoryLimit")  # fmt: skip
+          "defaultPerDevicePinnedMemoryLimit", "multiUser")  # fmt: skip
+    multi = mps.get("multiUser", False)
+    if multi is not False:
+        raise ConfigError(
+            f"{at}.multiUser: {multi!r}; only false: the node's managed MPS control daemons "
+            "do not run in multi-user mode"
+        )
     threads = mps.get("defaultActiveThreadPercentage")
     if threads is not None and (
         not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 100
