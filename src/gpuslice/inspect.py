@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.mps import plan_serving
+from gpuslice.core.resources import Resource, unmatched_rule_warnings
 from gpuslice.wiring import (
     RunOptions,
     effective_config,
     label_flags,
     machine_type,
     open_backend,
+    pinned_limit,
     settings_from,
 )
 
@@ -28,7 +30,9 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         snapshot = backend.snapshot()
     finally:
         backend.close()
-    resources = build_resources(snapshot, cfg.resources)
+    resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
+        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned_limit(opts)
+    )
     machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
     labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
     return {

@@ -188,6 +188,11 @@ def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
     )
 
 
+def pinned_limit(opts: RunOptions) -> int:
+    """--mps-pinned-memory-limit in MiB (0: the GPU's memory / replicas)."""
+    return int(opts.get("mps-pinned-memory-limit") or 0)
+
+
 def mps_daemons(opts: RunOptions) -> MpsDaemons:
     """MPS control daemons (started only for MPS resources); the simulated control
     binary on simulated hardware unless --mps-control-binary names one."""
@@ -198,7 +203,7 @@ def mps_daemons(opts: RunOptions) -> MpsDaemons:
 
     return MpsDaemons(
         lambda plan: ControlDaemon(plan, binary),
-        pinned_limit_mib=int(opts.get("mps-pinned-memory-limit") or 0),
+        pinned_limit_mib=pinned_limit(opts),
     )
 
 

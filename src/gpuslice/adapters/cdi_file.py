@@ -1,7 +1,10 @@
 """CDI spec files in the CDI spec directory (default /var/run/cdi), where CDI-aware
 runtimes (containerd, CRI-O) look up the device names the kubelet passes them.
 
-Each file is replaced atomically and only when its content changed. A file this
+Each file is replaced atomically and only when its content changed; the directory is
+created 0755 whatever the umask (anyone who can add a spec there chooses what a
+container gets), and an existing file is read only when it is a regular file of at
+most MAX_BYTES, without following a link. A file this
 process was asked to hold (written by it, or found already in place with the same
 content, as after a restart) and no longer wants is deleted. Other files are left
 alone: another vendor's, or a spec from before a restart that is not wanted now.
@@ -16,8 +19,10 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.adapters.outside_files import read_text, replace_atomically
 from gpuslice.core.errors import BackendError
+
+MAX_BYTES = 4 << 20  # far above any spec of a node's GPUs
 
 
 class CdiSpecDir:
@@ -49,8 +54,8 @@ class CdiSpecDir:
 
     def _current(self, name: str) -> str | None:
         try:
-            return (self.directory / name).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            return read_text(self.directory / name, limit=MAX_BYTES, follow=False)
+        except OSError:
             return None
 
     @contextlib.contextmanager

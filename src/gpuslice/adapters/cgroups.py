@@ -18,7 +18,10 @@ import re
 from collections.abc import Collection
 from pathlib import Path
 
+from gpuslice.adapters.outside_files import read_text
 from gpuslice.core.usage import ProcessOwner
+
+CGROUP_MAX_BYTES = 64 << 10  # one line per hierarchy; far below this
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 _POD = re.compile(rf"(?:^|[/-])pod({_UID})(?:\.slice)?$")
@@ -50,7 +53,9 @@ class CgroupOwners:
         out = {}
         for pid in pids:
             try:
-                text = (self._proc / str(pid) / "cgroup").read_text(encoding="utf-8")
+                # A cgroup name may hold any byte but "/": decoded losslessly, never fatal.
+                path = self._proc / str(pid) / "cgroup"
+                text = read_text(path, limit=CGROUP_MAX_BYTES, errors="surrogateescape")
             except OSError:
                 continue
             owner = owner_of(text)

@@ -21,8 +21,10 @@ from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.mps import plan_serving
+from gpuslice.services.off_loop import read_config
 from gpuslice.core.ports import GpuBackend, Metrics, PodResources
-from gpuslice.core.resources import Resource, build_resources, layout_warnings
+from gpuslice.core.resources import Resource, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
 from gpuslice.core.waiting import unless_stopped
@@ -199,7 +201,7 @@ class Agent:
             log.warning("reload_ignored_settings_come_from_elsewhere")
             return False
         try:
-            settings = load()
+            settings = await read_config(load)  # off the loop, bounded in time
             if self._settings is not None:
                 check_not_truncated(settings, self._settings)
             await self.apply_settings(settings)
@@ -259,9 +261,11 @@ class Agent:
     async def _apply(self, settings: Settings) -> None:
         assert self._backend is not None
         snapshot = await self._call(self._backend.snapshot)
-        resources = build_resources(snapshot, settings.resources)  # raises HardwareError
         mps, root = self._deps.mps, settings.allocate.mps_root
-        daemons = mps.plan(snapshot, resources, root) if mps else ()  # raises HardwareError
+        pinned = mps.pinned_limit_mib if mps else 0
+        resources, daemons = plan_serving(  # raises HardwareError
+            snapshot, settings.resources, root, pinned_limit_mib=pinned
+        )
         for warning in layout_warnings(snapshot.gpus, settings.resources):
             log.warning("hardware_layout_warning", detail=warning)
         if self.holds is not None:  # before the new lists go out

@@ -20,12 +20,14 @@ from dataclasses import asdict, dataclass
 import structlog
 
 from gpuslice.adapters.fswatch import wait_for_directory
+from gpuslice.adapters.outside_files import read_bytes, write_in_dir
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.waiting import unless_stopped
 
 _log = structlog.get_logger()
 
 HOLDER_FILE = "gpuslice.lock"
+HOLDER_MAX_BYTES = 4096  # a pid and three names
 
 
 @dataclass(frozen=True)
@@ -83,26 +85,35 @@ class DirLock:
         if fd is None:
             return
         with contextlib.suppress(OSError):  # only ours: a later holder rewrites it
-            if self._read_holder() == self.me:
-                os.unlink(self._info)
+            if self._read_holder(fd) == self.me:
+                os.unlink(HOLDER_FILE, dir_fd=fd)
         os.close(fd)
 
     def _write_holder(self) -> None:
-        tmp = f"{self._info}.{self.me.pid}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(asdict(self.me), fh)
-            os.replace(tmp, self._info)
-        except OSError:  # the lock holds all the same; waiters cannot say by whom
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        """Written relative to the locked directory's fd, through a temporary file with
+        an unpredictable name created O_EXCL|O_NOFOLLOW: a link planted there is never
+        followed."""
+        assert self._fd is not None
+        with contextlib.suppress(OSError):  # the lock holds; waiters cannot say by whom
+            write_in_dir(self._fd, HOLDER_FILE, json.dumps(asdict(self.me)))
 
-    def _read_holder(self) -> Holder | None:
+    def _read_holder(self, dir_fd: int | None = None) -> Holder | None:
+        """The holder file's content: a regular file of at most HOLDER_MAX_BYTES, not
+        through a link; None for anything else."""
         try:
-            with open(self._info, encoding="utf-8") as fh:
-                return Holder(**json.load(fh))
-        except (OSError, ValueError, TypeError):
+            if dir_fd is None:
+                data = read_bytes(self._info, limit=HOLDER_MAX_BYTES, follow=False)
+            else:
+                data = read_bytes(HOLDER_FILE, limit=HOLDER_MAX_BYTES, follow=False, dir_fd=dir_fd)
+            fields = json.loads(data)
+            holder = Holder(**fields)
+        except (OSError, ValueError, TypeError, RecursionError):
             return None
+        if not isinstance(holder.pid, int) or not all(
+            isinstance(v, str) for v in (holder.pod, holder.node, holder.host)
+        ):
+            return None
+        return holder
 
 
 async def acquire(lock: DirLock, stop: asyncio.Event, poll_s: float = 0.5) -> bool:
