@@ -22,7 +22,6 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.mps import plan_serving
-from gpuslice.services.off_loop import read_config
 from gpuslice.core.ports import GpuBackend, Metrics, PodResources
 from gpuslice.core.resources import Resource, layout_warnings
 from gpuslice.core.restart import RestartBudget
@@ -34,6 +33,7 @@ from gpuslice.services.desired import DesiredSettings
 from gpuslice.services.health_monitor import HealthMonitor
 from gpuslice.services.holds import DeviceHolds
 from gpuslice.services.mps import MpsDaemons
+from gpuslice.services.off_loop import read_config
 from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
 
 log = structlog.get_logger("gpuslice.agent")
