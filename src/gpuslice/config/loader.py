@@ -113,7 +113,8 @@ def _read(path: Path) -> str:
     except OSError as exc:
         raise config_error(str(path), "", f"cannot read: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) and not _is_dev_null(st):
             raise config_error(str(path), "", "not a regular file (a FIFO or device?); refused")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_BYTES + 1)
@@ -128,6 +129,11 @@ def _read(path: Path) -> str:
     except UnicodeDecodeError as exc:
         where = f"byte {show(data[exc.start : exc.start + 1].hex())} at offset {exc.start}"
         raise config_error(str(path), "", f"not UTF-8 text ({where})") from None
+
+
+def _is_dev_null(st: os.stat_result) -> bool:
+    """/dev/null: the empty config (config-manager's "empty" fallback points at it)."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
 
 
 def _parse(text: str, source: str) -> object:

@@ -1,8 +1,8 @@
 """YAML text as plain data, bounded: only what the v1 format needs.
 
-Plain scalars resolve to str, int, float, bool or null (a date stays a string); the
-explicit tags !!str, !!int, !!float, !!bool, !!null, !!map and !!seq are honoured, and any
-other tag, or an explicit tag whose value is not of its type (`!!bool maybe`), is a
+Plain scalars resolve to str, int, float, bool or null, or a date (which the schema
+then refuses with a hint to quote it); the explicit tags !!str, !!int, !!float, !!bool,
+!!null, !!timestamp, !!map and !!seq are honoured, and any other tag, or an explicit tag whose value is not of its type (`!!bool maybe`), is a
 YAMLError naming its line and column. Aliases are bounded: at most MAX_ALIASES of them,
 no alias inside its own anchor, and at most MAX_NODES nodes once every alias is expanded,
 so a bomb of a few hundred bytes is refused before anything walks it.
@@ -14,12 +14,14 @@ from typing import Any
 
 import yaml
 
+from gpuslice.config.checks import show
+
 MAX_ALIASES = 1000
 MAX_NODES = 100_000  # counted with aliases expanded; a real config has a few hundred
 
 _CORE = "tag:yaml.org,2002:"
-_SCALARS = ("str", "int", "float", "bool", "null")
-_KEPT_RESOLVERS = {f"{_CORE}{t}" for t in ("int", "float", "bool", "null", "merge")}
+_SCALARS = ("str", "int", "float", "bool", "null", "timestamp")
+_KEPT_RESOLVERS = {f"{_CORE}{t}" for t in (*_SCALARS, "merge")}
 
 
 class _PyParser(
@@ -38,7 +40,7 @@ _Parser: Any = getattr(yaml, "CParser", _PyParser)  # libyaml: about 10x faster
 
 
 class _Resolver(yaml.resolver.Resolver):
-    """The YAML 1.1 implicit types without timestamps and `=` (a date stays text)."""
+    """The YAML 1.1 implicit types without `=` (the value key)."""
 
 
 _Resolver.yaml_implicit_resolvers = {
@@ -59,7 +61,7 @@ class _Constructor(yaml.constructor.SafeConstructor):
                     raise yaml.constructor.ConstructorError(
                         "while reading a mapping",
                         node.start_mark,
-                        f"key {key_node.value!r} is given twice",
+                        f"key {show(key_node.value)} is given twice",
                         key_node.start_mark,
                     )
                 seen.add(key)
@@ -84,7 +86,7 @@ def _checked(kind: str) -> Any:
         except (KeyError, IndexError, ValueError, TypeError, AttributeError, OverflowError):
             value = node.value if isinstance(node, yaml.ScalarNode) else type(node).__name__
             raise yaml.constructor.ConstructorError(
-                None, None, f"!!{kind} {value!r}: not a valid {kind}", node.start_mark
+                None, None, f"!!{kind} {show(value)}: not a valid {kind}", node.start_mark
             ) from None
 
     return construct

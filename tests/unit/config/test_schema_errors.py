@@ -269,8 +269,8 @@ def test_unknown_key_names_its_full_path_and_the_closest_known_key(text: str, me
         ),
         (
             "!!python/object:os.system {}",
-            "line 1, column 1: not valid YAML or JSON: could not "
-            "determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system'",
+            "line 1, column 1: not valid YAML or JSON: "
+            "tag !!python/object:os.system is not allowed in a config",
         ),
     ],
 )
