@@ -104,14 +104,14 @@ def open_dir(path: str | os.PathLike[str], *, follow: bool = True) -> int:
         raise
 
 
-def make_dir(path: str | os.PathLike[str], mode: int) -> None:
-    """Create `path` (and missing parents) with exactly `mode`, whatever the umask; an
-    existing directory is left as it is. Raises OSError."""
+def make_dir(path: str | os.PathLike[str], mode: int, *, parents_mode: int = 0o755) -> None:
+    """Create `path` with exactly `mode` (missing parents with `parents_mode`), whatever
+    the umask; an existing directory is left as it is. Raises OSError."""
     where = Path(path)
     if where.is_dir():
         return
     if not where.parent.is_dir():
-        make_dir(where.parent, mode)
+        make_dir(where.parent, parents_mode, parents_mode=parents_mode)
     with contextlib.suppress(FileExistsError):
         os.mkdir(where, mode)
         fd = open_dir(where, follow=False)
