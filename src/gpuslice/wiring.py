@@ -11,6 +11,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from gpuslice.adapters.fswatch import DirWatcher
@@ -227,10 +228,15 @@ def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
     directory = opts.get("cdi-spec-dir")
     if not directory:
         return None
-    from gpuslice.adapters.cdi_file import CdiSpecDir, present_nodes
+    from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, present_nodes
 
     extra = {} if opts.fake_hardware else {k: present_nodes(v) for k, v in EXTRA_NODES.items()}
-    return CdiSpecs(CdiSpecDir(directory), control_devices=control, extra_nodes=extra)
+    return CdiSpecs(
+        CdiSpecDir(directory),
+        control_devices=control,
+        extra_nodes=extra,
+        find_toolkit=partial(find_toolkit_devices, directory),
+    )
 
 
 def node_api(opts: RunOptions) -> NodeApi | None:

@@ -2,10 +2,11 @@
 
 Plain scalars resolve to str, int, float, bool or null, or a date (which the schema
 then refuses with a hint to quote it); the explicit tags !!str, !!int, !!float, !!bool,
-!!null, !!timestamp, !!map and !!seq are honoured, and any other tag, or an explicit tag whose value is not of its type (`!!bool maybe`), is a
-YAMLError naming its line and column. Aliases are bounded: at most MAX_ALIASES of them,
-no alias inside its own anchor, and at most MAX_NODES nodes once every alias is expanded,
-so a bomb of a few hundred bytes is refused before anything walks it.
+!!null, !!timestamp, !!map and !!seq are honoured. Any other tag, or an explicit tag
+whose value is not of its type (`!!bool maybe`), is a YAMLError naming its line and
+column. Aliases are bounded: at most MAX_ALIASES of them, no alias inside its own
+anchor, and at most MAX_NODES nodes once every alias is expanded, so a bomb of a few
+hundred bytes is refused before anything walks it.
 """
 
 from __future__ import annotations

@@ -104,6 +104,10 @@ class Agent:
         return self._monitor
 
     @property
+    def cdi(self) -> CdiSpecs | None:
+        return self._deps.cdi
+
+    @property
     def resources(self) -> tuple[Resource, ...]:
         return tuple(h.resource for h in self.manager.handlers.values())
 
@@ -272,11 +276,12 @@ class Agent:
             await self.holds.check(snapshot, resources)
         self._settings, self._snapshot = settings, snapshot
         topology = Topology.from_snapshot(snapshot)
+        allocate = settings.allocate
         if self._deps.cdi is not None:  # before the kubelet can allocate a new device
-            await self._deps.cdi.apply(resources, settings.allocate)
+            allocate = await self._deps.cdi.apply(resources, allocate)
         if mps is not None:  # an MPS resource is served only while its daemon answers
             await mps.apply(daemons, self.manager.hold_unhealthy)
-        await self.manager.apply(resources, settings.allocate, topology)
+        await self.manager.apply(resources, allocate, topology)
         if not resources:
             log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
 
