@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -66,6 +68,9 @@ class RunOptions:
     config_name: str | None = None
     fake_hardware: str | None = None
     fake_events: str | None = None
+    # With --kubelet-socket "" (do not register): a private directory of this process
+    # for the plugin sockets, so the node's device-plugin directory is never touched.
+    own_plugin_dir: str | None = None
 
     @property
     def kubelet_socket(self) -> str:
@@ -73,6 +78,8 @@ class RunOptions:
 
     @property
     def plugin_dir(self) -> str:
+        if not self.kubelet_socket and self.own_plugin_dir:
+            return self.own_plugin_dir
         return os.path.dirname(self.kubelet_socket) or DEFAULT_PLUGIN_DIR
 
     def get(self, name: str) -> str:
@@ -401,6 +408,10 @@ def lock_holder(opts: RunOptions) -> Holder:
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
     """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked.
     It serves once the device-plugin directory exists and no other agent holds it."""
+    own_dir = None
+    if not opts.kubelet_socket:  # not registering: nothing of the kubelet's is used
+        own_dir = tempfile.mkdtemp(prefix="gpuslice-plugins-")
+        opts = replace(opts, own_plugin_dir=own_dir)
     api = node_api(opts)
     try:
         address = opts.get("status-address")
@@ -421,14 +432,17 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
                     page = metrics.page
                     _watch_node(metrics, node)
                 await stack.enter_async_context(StatusServer(address, node.readiness, page))
-            lock = await claim(opts.plugin_dir, lock_holder(opts), stop)
-            if lock is None:
-                return  # stopped while waiting for the directory or its lock
-            stack.callback(lock.release)
+            if own_dir is None:
+                lock = await claim(opts.plugin_dir, lock_holder(opts), stop)
+                if lock is None:
+                    return  # stopped while waiting for the directory or its lock
+                stack.callback(lock.release)
             await node.run(stop, reload)
     finally:
         if api is not None:
             await api.aclose()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:
