@@ -206,6 +206,8 @@ class DirWatcher:
                 written = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO
                 kind = CREATED if ev.mask & written else DELETED
                 stamp = self._stat(ev.name)
+                if ev.mask == flags.CLOSE_WRITE and stamp == self._seen.get(ev.name):
+                    continue  # closed with nothing written since it was reported
                 if stamp is None:
                     self._seen.pop(ev.name, None)
                 else:
