@@ -14,30 +14,44 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+import yaml.cyaml
 
 from gpuslice.config.checks import show
 
 MAX_ALIASES = 1000
-MAX_NODES = 100_000  # counted with aliases expanded; a real config has a few hundred
+MAX_NODES = 20_000  # also with aliases expanded; a real config has a few hundred
 
 _CORE = "tag:yaml.org,2002:"
 _SCALARS = ("str", "int", "float", "bool", "null", "timestamp")
 _KEPT_RESOLVERS = {f"{_CORE}{t}" for t in (*_SCALARS, "merge")}
 
 
-class _PyParser(
-    yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer
-):
+class _PyParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
     """The pure-Python parser, where PyYAML was built without libyaml."""
 
     def __init__(self, text: str) -> None:
         yaml.reader.Reader.__init__(self, text)
         yaml.scanner.Scanner.__init__(self)
         yaml.parser.Parser.__init__(self)
-        yaml.composer.Composer.__init__(self)
 
 
-_Parser: Any = getattr(yaml, "CParser", _PyParser)  # libyaml: about 10x faster
+_Parser: Any = vars(yaml.cyaml).get("CParser", _PyParser)  # libyaml's: about 10x faster
+
+
+class _Composer(yaml.composer.Composer):
+    """Nodes from the parser's events, counted as they come: a document of more than
+    MAX_NODES nodes is refused before it is all in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            mark = self.peek_event().start_mark  # type: ignore[attr-defined]
+            raise yaml.composer.ComposerError(None, None, f"more than {MAX_NODES} values", mark)
+        return super().compose_node(parent, index)
 
 
 class _Resolver(yaml.resolver.Resolver):
@@ -101,9 +115,10 @@ _Constructor.yaml_constructors = {
 }
 
 
-class _Loader(_Parser, _Constructor, _Resolver):  # type: ignore[misc]
+class _Loader(_Composer, _Parser, _Constructor, _Resolver):  # type: ignore[misc]
     def __init__(self, text: str) -> None:
         _Parser.__init__(self, text)
+        _Composer.__init__(self)
         _Constructor.__init__(self)
         _Resolver.__init__(self)
 
