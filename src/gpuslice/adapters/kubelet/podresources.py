@@ -121,7 +121,8 @@ def _entry(e: object) -> CheckpointEntry | None:
         return None
     ids = e.get("DeviceIDs")
     if isinstance(ids, dict):
-        ids = [i for part in ids.values() if isinstance(part, list) for i in part]
+        parts = list(ids.values())
+        ids = [i for part in parts for i in part] if all(isinstance(p, list) for p in parts) else 0
     fields = (e.get("PodUID"), e.get("ContainerName"), e.get("ResourceName"))
     if not isinstance(ids, list) or not all(isinstance(f, str) for f in fields):
         return None
