@@ -9,8 +9,8 @@ Directories are watched rather than files, so these all show up:
 - a mounted ConfigMap updated by swapping its `..data` symlink: ("..data", "created").
 
 A replaced entry is reported as created, and so is a file written and closed after
-its creation (a slow writer: its content arrives after the create). inotify reports a delete followed by a
-create separately; polling sees only the state at each tick. A directory that
+its creation (a slow writer: its content arrives after the create). inotify reports a
+delete followed by a create separately; polling sees only the state at each tick. A directory that
 does not exist yet is polled until it appears, then watched with inotify.
 
     async with DirWatcher(path, {"kubelet.sock"}) as watcher:

@@ -98,8 +98,8 @@ def open_dir(path: str | os.PathLike[str], *, follow: bool = True) -> int:
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         return os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and not follow:
+    except OSError as exc:  # O_NOFOLLOW|O_DIRECTORY on a link: ELOOP or ENOTDIR
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and not follow and os.path.islink(path):
             raise RefusedFileError(path, "is a symbolic link, not a directory; refused") from None
         raise
 

@@ -333,7 +333,8 @@ def test_new_flags_help_and_defaults_text() -> None:
          'env KUBE_API_QPS: got "nan"; expected a number of 0 or more, such as 5 or 2.5'),
         ({}, {"KUBE_API_BURST": "1.5"},
          'env KUBE_API_BURST: got "1.5"; expected an integer from 0 to 2147483647'),
-        ({"kube-api-burst": ""}, {}, '--kube-api-burst: got ""; expected an integer from 0 to 2147483647'),
+        ({"kube-api-burst": ""}, {},
+         '--kube-api-burst: got ""; expected an integer from 0 to 2147483647'),
         ({}, {"FALLBACK_STRATEGIES": "named,singel"},
          'env FALLBACK_STRATEGIES: got "singel"; expected one of named, single, empty '
          "(did you mean single?)"),

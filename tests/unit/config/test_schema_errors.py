@@ -250,12 +250,12 @@ def test_unknown_key_names_its_full_path_and_the_closest_known_key(text: str, me
         ("42", "got a single value; expected a mapping of config fields"),
         (
             "a: b: c",
-            "line 1, column 5: not valid YAML or JSON: mapping values are not allowed in this context",
+            "line 1, column 5: not valid YAML or JSON: "
+            "mapping values are not allowed in this context",
         ),
         (
             "flags: {\n",
-            "line 2, column 1: not valid YAML or JSON: "
-            "did not find expected node content",
+            "line 2, column 1: not valid YAML or JSON: did not find expected node content",
         ),
         ("a: 1\na: 2\n", 'line 2, column 1: not valid YAML or JSON: key "a" is given twice'),
         ("{1: x}", "key 1 is not a string; keys are field names"),

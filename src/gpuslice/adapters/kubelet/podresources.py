@@ -52,8 +52,9 @@ class PodResourcesClient:
     async def list(self) -> tuple[ContainerDevices, ...]:
         try:
             reply = await self._lister().List(pr.ListPodResourcesRequest(), timeout=self._timeout_s)
-        except Exception as exc:  # an answer that fails to decode too: never stops the agent
+        except grpc.aio.AioRpcError as exc:
             raise self._error("List", exc) from None
+        _check_decoded(reply, pr.ListPodResourcesResponse, "List", self.socket_path)
         return tuple(
             ContainerDevices(
                 pod.namespace, pod.name, ctr.name, dev.resource_name, tuple(dev.device_ids)
@@ -68,8 +69,11 @@ class PodResourcesClient:
             reply = await self._lister().GetAllocatableResources(
                 pr.AllocatableResourcesRequest(), timeout=self._timeout_s
             )
-        except Exception as exc:  # as in list()
+        except grpc.aio.AioRpcError as exc:
             raise self._error("GetAllocatableResources", exc) from None
+        _check_decoded(
+            reply, pr.AllocatableResourcesResponse, "GetAllocatableResources", self.socket_path
+        )
         out: dict[str, list[str]] = {}
         for dev in reply.devices:
             out.setdefault(dev.resource_name, []).extend(dev.device_ids)
@@ -83,13 +87,21 @@ class PodResourcesClient:
         if channel is not None:
             await channel.close()
 
-    def _error(self, call: str, exc: Exception) -> BackendError:
-        if isinstance(exc, grpc.aio.AioRpcError):
-            why = f"{exc.code().name}: {exc.details()}"
-        else:  # e.g. an answer that is not a valid message
-            why = f"unreadable answer: {type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+    def _error(self, call: str, exc: grpc.aio.AioRpcError) -> BackendError:
         return BackendError(
-            f"PodResources {call} on {self.socket_path} failed: {why}", transient=True
+            f"PodResources {call} on {self.socket_path} failed: {exc.code().name}: {exc.details()}",
+            transient=True,
+        )
+
+
+def _check_decoded(reply: object, kind: type, call: str, socket_path: str) -> None:
+    """grpc.aio answers None for a reply that does not decode: a one-line BackendError
+    then, as for a failed call (the sampler and the holds both catch it)."""
+    if not isinstance(reply, kind):
+        raise BackendError(
+            f"PodResources {call} on {socket_path} failed: the answer is not a "
+            f"{kind.__name__} message",
+            transient=True,
         )
 
 
