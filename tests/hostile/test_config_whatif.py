@@ -4,6 +4,7 @@ agent never passes `inspect` or `labels`."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -86,3 +87,18 @@ def test_labels_refuse_mps_on_mig_devices(tmp_path: Path, mps_root: str) -> None
     line = refused(result)
     assert "MIG" in line
     assert not out.exists() or "sharing-strategy=none" not in out.read_text()
+
+
+def test_inspect_says_when_the_toolkits_cdi_spec_is_missing(tmp_path: Path) -> None:
+    config = tmp_path / "cdi.yaml"
+    config.write_text("version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\n")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    args = ["inspect", "--fake-hardware", "t4", "--config-file", str(config), "--output", "json"]
+    result = gpuslice(*args, "--cdi-spec-dir", str(cdi))
+    assert result.returncode == 0, result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert [w for w in warnings if w.startswith(f"no CDI spec of kind nvidia.com/gpu in {cdi}")]
+    (cdi / "nvidia.yaml").write_text("kind: nvidia.com/gpu\ndevices:\n- name: all\n")
+    result = gpuslice(*args, "--cdi-spec-dir", str(cdi))
+    assert not [w for w in json.loads(result.stdout)["warnings"] if "nvidia.com/gpu in" in w]

@@ -206,7 +206,9 @@ FLAGS: tuple[Flag, ...] = (
           "effect: the generated specs have no hooks)", kind=LIST,
           uses="", accepts="run"),
     _flag("cdi-spec-dir", "CDI_SPEC_DIR", None, "/var/run/cdi",
-          "directory of the CDI specs written under a cdi-* device-list strategy"),
+          "directory of the CDI specs written under a cdi-* device-list strategy (and "
+          "of the NVIDIA Container Toolkit's, whose devices are named beside them)",
+          uses="run inspect"),
     _flag("node-name", "NODE_NAME", None, "",
           "this node's name (labels, per-node config, events)",
           uses="run labels"),
