@@ -143,3 +143,17 @@ async def test_closing_releases_the_inotify_fd(watched: str) -> None:
         async with DirWatcher(watched, None) as watcher:
             assert watcher.mode == INOTIFY
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("use_inotify", MODES)
+async def test_a_file_written_after_its_creation_is_reported_again(
+    watched: str, use_inotify: bool
+) -> None:
+    """A slow writer: the entry appears empty, its content comes later. Its create
+    alone was reported before, so a config written that way was never applied."""
+    path = os.path.join(watched, "config.yaml")
+    async with _watcher(watched, None, use_inotify) as watcher:
+        with open(path, "w", encoding="utf-8") as fh:
+            assert await _next(watcher) == DirEvent("config.yaml", CREATED)
+            fh.write("version: v1\n")
+        assert await _next(watcher) == DirEvent("config.yaml", CREATED)
