@@ -153,7 +153,10 @@ async def test_a_file_written_after_its_creation_is_reported_again(
     alone was reported before, so a config written that way was never applied."""
     path = os.path.join(watched, "config.yaml")
     async with _watcher(watched, None, use_inotify) as watcher:
-        with open(path, "w", encoding="utf-8") as fh:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
             assert await _next(watcher) == DirEvent("config.yaml", CREATED)
-            fh.write("version: v1\n")
+            os.write(fd, b"version: v1\n")
+        finally:
+            os.close(fd)
         assert await _next(watcher) == DirEvent("config.yaml", CREATED)
