@@ -8,9 +8,10 @@ import shutil
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from invariant import AgentUnderAttack, short_dir
 
 from gpuslice.testing.kubelet import KubeletStandin
+
+from .invariant import AgentUnderAttack, short_dir
 
 
 @pytest.fixture

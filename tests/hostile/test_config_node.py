@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from test_config_text import BAD_TAGS, BOMB, GOOD
 
 from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, node_deps
+
+from .test_config_text import BAD_TAGS, BOMB, GOOD
 
 GPU = "nvidia.com/gpu"
 CDI = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\n"

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from invariant import GPUSLICE, AgentUnderAttack, Invariant, clean_env
 
 from gpuslice.config.loader import MAX_BYTES, load_config
 from gpuslice.core.errors import ConfigError
 from gpuslice.testing.kubelet import KubeletStandin
+
+from .invariant import GPUSLICE, AgentUnderAttack, Invariant, clean_env
 
 GPU = "nvidia.com/gpu"
 GOOD = """version: v1

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from invariant import GPUSLICE, clean_env
+
+from .invariant import GPUSLICE, clean_env
 
 MPS_64 = """version: v1
 sharing:

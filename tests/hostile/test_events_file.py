@@ -117,8 +117,8 @@ def test_a_file_rotated_by_rename_loses_no_event(path: Path) -> None:
 
 def test_a_fifo_is_refused_with_one_line(path: Path) -> None:
     os.mkfifo(path)
-    events = EventFile(path)
     with structlog.testing.capture_logs() as logged:
+        events = EventFile(path)
         assert lines(events) == []
         assert lines(events) == []  # said once, not per read
     assert [e["event"] for e in logged] == ["fake_events_file_refused"]

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from invariant import AgentUnderAttack, Invariant
 
 from gpuslice.adapters.kubelet.podresources import CHECKPOINT_MAX_BYTES, read_checkpoint
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import CheckpointEntry
 from gpuslice.testing.kubelet import KubeletStandin
+
+from .invariant import AgentUnderAttack, Invariant
 
 GPU = "nvidia.com/gpu"
 ENTRY = {"PodUID": "u", "ContainerName": "c", "ResourceName": GPU, "DeviceIDs": {"0": ["a"]}}

@@ -13,7 +13,6 @@ import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from invariant import AgentUnderAttack, short_dir
 
 from gpuslice.adapters.cgroups import CgroupOwners
 from gpuslice.adapters.kubelet.api import unix_target
@@ -21,6 +20,8 @@ from gpuslice.adapters.kubelet.podresources import PodResourcesClient
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import ProcessOwner
 from gpuslice.wiring import DEFAULT_PLUGIN_DIR
+
+from .invariant import AgentUnderAttack, short_dir
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 CONTAINER = "ab" * 32

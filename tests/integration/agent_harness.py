@@ -172,6 +172,10 @@ class AgentLauncher:
     ) -> RunningAgent:
         """Run an agent wired as `gpuslice run` wires it (`change` may swap parts)."""
         opts = self.options(hardware, config=config, config_name=config_name, flags=flags, env=env)
+        assert opts.fake_events is not None
+        # The simulated backend holds its events file open from the start (to follow a
+        # rotation), so that descriptor is there before any census a test takes.
+        Path(opts.fake_events).touch()
         deps = agent_deps(opts)
         agent = Agent(change(deps) if change else deps)
         stop, reload = asyncio.Event(), asyncio.Event()

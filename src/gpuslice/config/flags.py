@@ -127,7 +127,7 @@ FLAGS: tuple[Flag, ...] = (
           "with --fake-hardware: the simulated one)"),
     _flag("mps-pinned-memory-limit", "GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None, 0,
           "pinned device memory limit of each MPS client in MiB (0: the GPU's memory "
-          "divided by its replicas, as upstream)", kind=COUNT, uses="run inspect labels"),
+          "divided by its replicas, as upstream)", kind=COUNT, uses="run inspect"),
     _flag("driver-root", "NVIDIA_DRIVER_ROOT", "flags.nvidiaDriverRoot", "/",
           "root of the NVIDIA driver installation on the host", aliases=("--nvidia-driver-root",),
           uses="run", accepts="labels"),

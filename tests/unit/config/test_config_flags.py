@@ -477,7 +477,8 @@ def test_the_agent_takes_every_flag_and_the_labeller_exactly_gfds() -> None:
 def test_inspect_takes_only_what_changes_its_report() -> None:
     taken = {flag.name for flag in FLAGS if flag.taken_by("inspect")}
     assert taken == {
-        "mig-strategy", "mps-root", "machine-type-file", "config-file", "driver-root-ctr-path"
+        "mig-strategy", "mps-root", "machine-type-file", "config-file", "driver-root-ctr-path",
+        "mps-pinned-memory-limit", "cdi-spec-dir",
     }  # fmt: skip
 
 

@@ -33,7 +33,8 @@ KINDS = ("xid", "lost", "recovered")
 class EventFile:
     """Reads the complete lines appended to a file since the last read.
 
-    The file may not exist yet. It is kept open between reads: when it is renamed away
+    The file may not exist yet. It is kept open between reads (one descriptor for the
+    reader's life, from its creation when the file exists then): when it is renamed away
     (rotated), what was appended to it before the rename is read first, then the new
     file from its beginning; when it is truncated (shorter than what was read, or its
     first bytes changed: truncated and rewritten longer) it is read again from its
@@ -52,6 +53,8 @@ class EventFile:
         self._skipping = False  # inside a line longer than MAX_LINE
         self._refused: str | None = None
         self.line_number = 0  # of the last complete line read
+        if self.path.exists():  # held from the start: rotation is followed from there
+            self._open()
 
     def new_lines(self) -> list[tuple[int, bytes]]:
         """(line number, line) for each complete line not yet returned."""
