@@ -37,6 +37,13 @@ class RefusedFileError(OSError):
         return f"{self.filename}: {self.problem}"
 
 
+def reason(exc: OSError) -> str:
+    """Why a read failed, for a one-line message: the refusal, or the OS's words."""
+    if isinstance(exc, RefusedFileError):
+        return exc.problem
+    return exc.strerror or str(exc)
+
+
 def read_bytes(
     path: str | os.PathLike[str],
     *,

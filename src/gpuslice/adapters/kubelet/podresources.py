@@ -17,7 +17,7 @@ import grpc
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2 as pr
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuslice.adapters.kubelet.api import DEVICE_PLUGIN_DIR, unix_target
-from gpuslice.adapters.outside_files import RefusedFileError, read_bytes
+from gpuslice.adapters.outside_files import read_bytes, reason
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices
 
@@ -116,8 +116,7 @@ def read_checkpoint(path: str) -> tuple[CheckpointEntry, ...]:
     except FileNotFoundError:
         return ()
     except OSError as exc:
-        why = exc.problem if isinstance(exc, RefusedFileError) else exc.strerror or str(exc)
-        raise BackendError(f"kubelet checkpoint {path}: {why}", transient=True) from None
+        raise BackendError(f"kubelet checkpoint {path}: {reason(exc)}", transient=True) from None
     try:
         entries = json.loads(data)["Data"]["PodDeviceEntries"] or []
         if not isinstance(entries, list):
