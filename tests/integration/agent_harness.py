@@ -175,7 +175,7 @@ class AgentLauncher:
         assert opts.fake_events is not None
         # The simulated backend holds its events file open from the start (to follow a
         # rotation), so that descriptor is there before any census a test takes.
-        Path(opts.fake_events).touch()
+        os.close(os.open(opts.fake_events, os.O_WRONLY | os.O_CREAT, 0o644))
         deps = agent_deps(opts)
         agent = Agent(change(deps) if change else deps)
         stop, reload = asyncio.Event(), asyncio.Event()
