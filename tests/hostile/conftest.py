@@ -1,37 +1,37 @@
-"""Fixtures of the hostile-input suite: a plugin directory, the kubelet stand-in on it
-(serving PodResources too), and the agents a test attacks, killed at the end."""
+"""The hostile-input suite runs agents as the integration tests do: the same harness
+modules and fixtures (plugin_dir, kubelet, launcher, faults, processes, logged)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import AsyncIterator, Iterator
+import importlib.util
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from gpuslice.testing.kubelet import KubeletStandin
+_INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
+sys.path.insert(0, str(_INTEGRATION))
+_spec = importlib.util.spec_from_file_location("integration_fixtures", _INTEGRATION / "conftest.py")
+assert _spec is not None
+assert _spec.loader is not None
+_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fixtures)
 
-from .invariant import AgentUnderAttack, short_dir
+quiet_logs = _fixtures.quiet_logs
+plugin_dir = _fixtures.plugin_dir
+kubelet = _fixtures.kubelet
+launcher = _fixtures.launcher
+faults = _fixtures.faults
+processes = _fixtures.processes
+logged = _fixtures.logged
 
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    path = short_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
-    os.makedirs(os.path.join(plugin_dir, "pr"), exist_ok=True)
-    async with KubeletStandin(plugin_dir, os.path.join(plugin_dir, "pr", "kubelet.sock")) as k:
-        yield k
+from .invariant import AgentUnderAttack  # noqa: E402 - needs the harness path above
 
 
 @pytest.fixture
 async def agents() -> AsyncIterator[list[AgentUnderAttack]]:
+    """`gpuslice run` processes a test attacks; each is killed at the end."""
     started: list[AgentUnderAttack] = []
     try:
         yield started

@@ -1,96 +1,65 @@
-"""The invariant every hostile input must leave intact, and a `gpuslice run` process
-to attack.
+"""The suite's invariant, measured: the agent answers Allocate within a second and its
+resident memory grows by less than 64 MiB through an attack; and, for attacks on a
+`gpuslice run` process, that it stays up serving the last good state.
 
-After any bad input the agent stays up, keeps serving the last good state (the kubelet
-stand-in streams the same resources and device counts), answers an Allocate within
-ALLOCATE_WITHIN_S, and its resident memory has grown by less than RSS_GROWTH_LIMIT
-since the baseline. `Invariant.check()` asserts all four; any test of outside input
-(config text, files, API answers, gRPC or HTTP requests, signals) can use it.
+`answers_allocate` and `rss_bytes` serve any test; `Invariant` bundles all four checks
+for an `AgentUnderAttack` (a process started against the kubelet stand-in of a plugin
+directory): up, the stand-in streaming what was served before, Allocate within
+ALLOCATE_WITHIN_S, RSS grown by less than RSS_GROWTH_LIMIT since the baseline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
 import signal
-import sys
-import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+import time
+from dataclasses import dataclass
 
-from gpuslice.config.flags import FLAGS
+from agent_harness import GPU
+from process_harness import AgentProcess
+
 from gpuslice.testing.kubelet import KubeletStandin
 
+RSS_GROWTH_LIMIT = 64 * 1024 * 1024
 ALLOCATE_WITHIN_S = 1.0
-RSS_GROWTH_LIMIT = 64 << 20
 READY_WITHIN_S = 20.0
-_BIN = Path(sys.executable).parent / "gpuslice"
-GPUSLICE = str(_BIN) if _BIN.exists() else (shutil.which("gpuslice") or "gpuslice")
 
 
-def short_dir() -> str:
-    """A fresh directory under /tmp (unix socket paths must stay short)."""
-    return tempfile.mkdtemp(prefix="gsh-", dir="/tmp")
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of `pid` (this process by default), from /proc."""
+    with open(f"/proc/{pid or os.getpid()}/status", encoding="ascii") as fh:
+        line = next(ln for ln in fh if ln.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any variable the agent reads as a flag."""
-    flag_vars = {var for flag in FLAGS for var in flag.env} | {"NODE_NAME"}
-    env = {k: v for k, v in os.environ.items() if k not in flag_vars}
-    env.update(extra)
-    return env
+async def answers_allocate(kubelet: KubeletStandin, resource: str = GPU) -> None:
+    """One Allocate of a device the kubelet was sent, answered within the bound."""
+    device = sorted(kubelet.devices(resource))[0]
+    started = time.perf_counter()
+    (answer,) = await kubelet.allocate(resource, [[device]])
+    took = time.perf_counter() - started
+    assert answer.envs or answer.cdi_devices
+    assert took < ALLOCATE_WITHIN_S, f"Allocate took {took:.2f}s"
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory of process `pid` (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-@dataclass
-class AgentUnderAttack:
-    """`gpuslice run` on simulated hardware against the kubelet stand-in of `plugin_dir`,
-    its stderr log collected line by line."""
-
-    proc: asyncio.subprocess.Process
-    plugin_dir: str
-    lines: list[str] = field(default_factory=list)
-    _reader: asyncio.Task[None] | None = None
-    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+class AgentUnderAttack(AgentProcess):
+    """`gpuslice run` on simulated hardware against the kubelet stand-in of `plugin_dir`
+    (its sockets, CDI directory, PodResources socket and events file all there)."""
 
     @classmethod
-    async def start(
+    async def attack(
         cls, plugin_dir: str, *args: str, hardware: str = "t4", env: dict[str, str] | None = None
     ) -> AgentUnderAttack:
-        argv = [
-            GPUSLICE, "run", "--fake-hardware", hardware,
+        base = [
+            "--fake-hardware", hardware,
             "--kubelet-socket", os.path.join(plugin_dir, "kubelet.sock"),
             "--cdi-spec-dir", os.path.join(plugin_dir, "cdi"),
             "--pod-resources-socket", os.path.join(plugin_dir, "pr", "kubelet.sock"),
             "--fake-events", os.path.join(plugin_dir, "events.jsonl"),
-            *args,
         ]  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=env or clean_env(),
-        )
-        agent = cls(proc, plugin_dir)
-        agent._reader = asyncio.create_task(agent._read())
+        agent = await cls.start([*base, *args], env=env)
+        assert isinstance(agent, cls)
         return agent
-
-    async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
-            async with self._changed:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._changed.notify_all()
 
     @property
     def alive(self) -> bool:
@@ -99,44 +68,17 @@ class AgentUnderAttack:
     def count(self, text: str) -> int:
         return sum(1 for line in self.lines if text in line)
 
-    async def wait_for_lines(self, text: str, count: int = 1, timeout_s: float = 15.0) -> str:
-        """The last of the first `count` log lines containing `text`."""
-        async with self._changed:
-            await asyncio.wait_for(
-                self._changed.wait_for(lambda: self.count(text) >= count or not self.alive),
-                timeout_s,
-            )
-        found = [line for line in self.lines if text in line]
-        assert len(found) >= count, f"{text!r} logged {len(found)} times:\n" + self.log
-        return found[count - 1]
-
-    def signal(self, signum: signal.Signals) -> None:
-        self.proc.send_signal(signum)
-
-    async def stop(self, timeout_s: float = 10.0) -> int:
-        """SIGTERM and the exit status (it must exit within `timeout_s`)."""
+    async def stop(self) -> int:
+        """SIGTERM; the exit status (it must exit within the harness's bound)."""
         if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = await asyncio.wait_for(self.proc.wait(), timeout_s)
-        if self._reader is not None:
-            await self._reader
+            self.signal(signal.SIGTERM)
+        rc, _ = await self.wait()
         return rc
-
-    async def kill(self) -> None:
-        if self.alive:
-            self.proc.kill()
-            await self.proc.wait()
-        if self._reader is not None:
-            await self._reader
-
-    @property
-    def log(self) -> str:
-        return "\n".join(self.lines)
 
 
 @dataclass
 class Invariant:
-    """What a hostile input must not change: taken once the agent serves."""
+    """What a hostile input must not change, taken once the agent serves."""
 
     agent: AgentUnderAttack
     kubelet: KubeletStandin
@@ -152,13 +94,10 @@ class Invariant:
         assert agent.alive, "the agent stopped before serving:\n" + agent.log
         return cls(agent, kubelet, dict(served), rss_bytes(agent.proc.pid))
 
-    async def check(self, devices: Sequence[str] | None = None) -> None:
-        """The agent is up, serves what it served, answers Allocate within
-        ALLOCATE_WITHIN_S, and has grown by less than RSS_GROWTH_LIMIT."""
+    async def check(self) -> None:
+        """Up, serving what it served, Allocate within the bound, RSS within the limit."""
         assert self.agent.alive, "the agent stopped:\n" + self.agent.log
         assert self.kubelet.serves(self.served), self.kubelet.node_status()
-        resource = next(iter(self.served))
-        ids = list(devices or [next(iter(self.kubelet.devices(resource)))])
-        await asyncio.wait_for(self.kubelet.allocate(resource, [ids]), ALLOCATE_WITHIN_S)
+        await answers_allocate(self.kubelet, next(iter(self.served)))
         grown = rss_bytes(self.agent.proc.pid) - self.rss
         assert grown < RSS_GROWTH_LIMIT, f"RSS grew by {grown >> 20} MiB"

@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from process_harness import GPUSLICE, clean_env
 
 from gpuslice.config.loader import MAX_BYTES, load_config
 from gpuslice.core.errors import ConfigError
 from gpuslice.testing.kubelet import KubeletStandin
 
-from .invariant import GPUSLICE, AgentUnderAttack, Invariant, clean_env
+from .invariant import AgentUnderAttack, Invariant
 
 GPU = "nvidia.com/gpu"
 GOOD = """version: v1
@@ -93,7 +94,7 @@ def test_a_fifo_in_the_configs_place_is_refused_not_waited_on(tmp_path: Path) ->
 
 
 async def _agent(plugin_dir: str, config: Path, agents: list[AgentUnderAttack]) -> AgentUnderAttack:
-    agent = await AgentUnderAttack.start(plugin_dir, "--config-file", str(config))
+    agent = await AgentUnderAttack.attack(plugin_dir, "--config-file", str(config))
     agents.append(agent)
     return agent
 
@@ -118,7 +119,7 @@ async def test_a_running_agent_keeps_the_last_good_config(
         text = {"bad-tag": BAD_TAGS["bool"], "alias-bomb": BOMB}.get(hostile)
         config.write_text(text or GOOD + "#" * MAX_BYTES)
     agent.signal(signal.SIGHUP)
-    line = await agent.wait_for_lines("config_rejected_keeping_last_good")
+    line = await agent.wait_for_line("config_rejected_keeping_last_good")
     assert "Traceback" not in agent.log
     assert str(config) in line
     await invariant.check()
@@ -141,5 +142,5 @@ async def test_allocate_is_answered_while_a_1_mib_config_is_read(
     for _ in range(5):
         await invariant.check()
         await asyncio.sleep(0.05)
-    await agent.wait_for_lines("config_rejected_keeping_last_good", timeout_s=30)
+    await agent.wait_for_line("config_rejected_keeping_last_good", timeout_s=30)
     await invariant.check()

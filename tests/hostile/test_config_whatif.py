@@ -9,8 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from .invariant import GPUSLICE, clean_env
+from process_harness import GPUSLICE, clean_env
 
 MPS_64 = """version: v1
 sharing:

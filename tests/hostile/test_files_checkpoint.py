@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from node_harness import time_slicing
 
 from gpuslice.adapters.kubelet.podresources import CHECKPOINT_MAX_BYTES, read_checkpoint
 from gpuslice.core.errors import BackendError
@@ -116,18 +117,23 @@ async def test_a_fifo_checkpoint_in_a_running_agent(
 ) -> None:
     """The sample fails with one line naming the file; the NVML worker is not blocked
     (samples and a SIGHUP reload go on) and SIGTERM still stops the agent."""
-    agent = await AgentUnderAttack.start(plugin_dir, "--sample-interval", "100ms")
+    config = Path(plugin_dir) / "config.yaml"
+    config.write_text(time_slicing(2))
+    agent = await AgentUnderAttack.attack(
+        plugin_dir, "--sample-interval", "100ms", "--config-file", str(config)
+    )
     agents.append(agent)
-    invariant = await Invariant.baseline(agent, kubelet, {GPU: 1})
+    invariant = await Invariant.baseline(agent, kubelet, {GPU: 2})
     checkpoint = Path(plugin_dir) / "kubelet_internal_checkpoint"
     checkpoint.unlink(missing_ok=True)
     os.mkfifo(checkpoint)
-    line = await agent.wait_for_lines("sample_failed")
+    line = await agent.wait_for_line("sample_failed")
     assert "kubelet checkpoint" in line
     assert "not a regular file" in line
-    agent.signal(signal.SIGHUP)  # runs on the same worker: must not wait behind a FIFO
-    await agent.wait_for_lines("config", count=1)
     await invariant.check()
+    config.write_text(time_slicing(3))
+    agent.signal(signal.SIGHUP)  # read on the same worker: must not wait behind a FIFO
+    await kubelet.wait_for(lambda k: k.serves({GPU: 3}))
     checkpoint.unlink()
-    await agent.wait_for_lines("sample_recovered")
+    await agent.wait_for_line("sample_recovered")
     assert await agent.stop() == 0

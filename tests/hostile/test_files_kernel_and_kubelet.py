@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from agent_harness import short_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,7 @@ from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import ProcessOwner
 from gpuslice.wiring import DEFAULT_PLUGIN_DIR
 
-from .invariant import AgentUnderAttack, short_dir
+from .invariant import AgentUnderAttack
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 CONTAINER = "ab" * 32
@@ -31,6 +32,7 @@ POD_LINE = f"0::/kubepods/burstable/pod{UID}/{CONTAINER}\n".encode()
 def proc_root(tmp_path: Path, pid: int, data: bytes) -> Path:
     (tmp_path / str(pid)).mkdir(parents=True, exist_ok=True)
     (tmp_path / str(pid) / "cgroup").write_bytes(data)
+    (tmp_path / str(pid) / "stat").write_text(f"{pid} (python3) S {' '.join(['0'] * 18)} 42 0\n")
     return tmp_path
 
 
@@ -50,7 +52,7 @@ def test_a_cgroup_fifo_is_skipped_not_waited_on(tmp_path: Path) -> None:
 @given(st.binary(max_size=600), st.booleans())
 def test_any_cgroup_bytes_give_an_owner_or_none(data: bytes, with_pod: bool) -> None:
     """Property: whatever bytes the file holds, owners() answers without raising."""
-    root = Path(short_dir())
+    root = Path(short_dir("gsh-"))
     try:
         proc_root(root, 9, data + (POD_LINE if with_pod else b""))
         owners = CgroupOwners(root).owners([9])
@@ -66,7 +68,7 @@ def test_any_cgroup_bytes_give_an_owner_or_none(data: bytes, with_pod: bool) -> 
 @pytest.fixture
 async def garbage_pod_resources() -> AsyncIterator[str]:
     """A PodResources server whose answers do not decode as its messages."""
-    directory = short_dir()
+    directory = short_dir("gsh-")
     socket = os.path.join(directory, "kubelet.sock")
 
     async def garbage(request: bytes, context: object) -> bytes:
@@ -110,9 +112,9 @@ async def test_not_registering_leaves_the_nodes_plugin_directory_alone(
 ) -> None:
     """`--kubelet-socket ""` waited for the node's device-plugin directory (logging
     plugin_dir_missing where it does not exist), then locked it and bound sockets there."""
-    agent = await AgentUnderAttack.start(str(tmp_path), "--kubelet-socket", "")
+    agent = await AgentUnderAttack.attack(str(tmp_path), "--kubelet-socket", "")
     agents.append(agent)
-    await agent.wait_for_lines("agent_started")
+    await agent.wait_for_line("agent_started")
     assert agent.count("plugin_dir_missing") == 0
     assert not Path(DEFAULT_PLUGIN_DIR).parent.exists() or agent.count("plugin_dir") == 0
     assert await agent.stop() == 0
