@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,17 @@ def test_any_bytes_give_entries_or_one_line(data: bytes) -> None:
         assert all(isinstance(e, CheckpointEntry) for e in result)
 
 
+@pytest.fixture
+async def kubelet_with_pods(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
+    """The stand-in serving PodResources too, where AgentUnderAttack reads it."""
+    os.makedirs(os.path.join(plugin_dir, "pr"), exist_ok=True)
+    socket = os.path.join(plugin_dir, "pr", "kubelet.sock")
+    async with KubeletStandin(plugin_dir, socket) as kubelet:
+        yield kubelet
+
+
 async def test_a_fifo_checkpoint_in_a_running_agent(
-    plugin_dir: str, kubelet: KubeletStandin, agents: list[AgentUnderAttack]
+    plugin_dir: str, kubelet_with_pods: KubeletStandin, agents: list[AgentUnderAttack]
 ) -> None:
     """The sample fails with one line naming the file; the NVML worker is not blocked
     (samples and a SIGHUP reload go on) and SIGTERM still stops the agent."""
@@ -123,6 +133,7 @@ async def test_a_fifo_checkpoint_in_a_running_agent(
         plugin_dir, "--sample-interval", "100ms", "--config-file", str(config)
     )
     agents.append(agent)
+    kubelet = kubelet_with_pods
     invariant = await Invariant.baseline(agent, kubelet, {GPU: 2})
     checkpoint = Path(plugin_dir) / "kubelet_internal_checkpoint"
     checkpoint.unlink(missing_ok=True)
