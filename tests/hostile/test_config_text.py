@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from node_harness import time_slicing
 from process_harness import GPUSLICE, clean_env
 
 from gpuslice.config.loader import MAX_BYTES, load_config
@@ -22,13 +23,7 @@ from gpuslice.testing.kubelet import KubeletStandin
 from .invariant import AgentUnderAttack, Invariant
 
 GPU = "nvidia.com/gpu"
-GOOD = """version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
+GOOD = time_slicing(4)
 # Nine levels of nine aliases: 9**9 (387 million) strings from 400 bytes of text.
 BOMB = "version: v1\nx: &a0 [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"x{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)

@@ -9,15 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from node_harness import time_slicing
 from process_harness import GPUSLICE, clean_env
 
-MPS_64 = """version: v1
-sharing:
-  mps:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 64
-"""
+MPS_64 = time_slicing(64).replace("timeSlicing", "mps")
 MPS_2 = MPS_64.replace("replicas: 64", "replicas: 2")
 
 
