@@ -67,6 +67,13 @@ class Node:
         registered = self.agent.manager.registered()
         ready = self.agent.ready.is_set() and all(registered.values())
         details: dict[str, Any] = {"resources": registered}
+        predecessor = self.agent.waiting_for
+        if predecessor is not None:  # a successor in a rolling update: ready to take over
+            ready = True
+            details["waiting"] = (
+                f"for the agent serving the device-plugin directory now ({predecessor}) "
+                "to stop; this one serves the instant it does"
+            )
         if self.manager is not None:
             details["config"] = self.manager.status.as_dict()
         elif self.agent.rejected is not None:  # one config file, re-read on SIGHUP
