@@ -165,8 +165,11 @@ def replace_atomically(
         os.close(dir_fd)
 
 
-def write_in_dir(dir_fd: int, name: str, text: str, mode: int = 0o644) -> None:
-    """replace_atomically for `name` in the opened directory `dir_fd`."""
+def write_in_dir(
+    dir_fd: int, name: str, text: str, mode: int = 0o644, *, durable: bool = True
+) -> None:
+    """replace_atomically for `name` in the opened directory `dir_fd`; not `durable`:
+    without the fsyncs (a file that need not survive a crash, written in a moment)."""
     tmp = f".{name}.{secrets.token_hex(8)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
@@ -175,13 +178,15 @@ def write_in_dir(dir_fd: int, name: str, text: str, mode: int = 0o644) -> None:
             out.write(text)
             out.flush()
             os.fchmod(out.fileno(), mode)
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
-    os.fsync(dir_fd)  # make the rename itself durable
+    if durable:
+        os.fsync(dir_fd)  # make the rename itself durable
 
 
 def _kind(mode: int) -> str:

@@ -114,7 +114,7 @@ class DirLock:
         followed."""
         assert self._fd is not None
         with contextlib.suppress(OSError):  # the lock holds; waiters cannot say by whom
-            write_in_dir(self._fd, HOLDER_FILE, json.dumps(asdict(self.me)))
+            write_in_dir(self._fd, HOLDER_FILE, json.dumps(asdict(self.me)), durable=False)
 
     def _read_holder(self, dir_fd: int | None = None) -> Holder | None:
         """The holder file's content: a regular file of at most HOLDER_MAX_BYTES, not
