@@ -6,11 +6,14 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.core.cdi import uses_cdi
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.mps import plan_serving
+from gpuslice.core.resources import Resource, unmatched_rule_warnings
+from gpuslice.core.response import AllocateOptions
 from gpuslice.wiring import (
     RunOptions,
     dra_device_plugin_resources,
@@ -19,6 +22,7 @@ from gpuslice.wiring import (
     label_flags,
     machine_type,
     open_backend,
+    pinned_limit,
     settings_from,
 )
 
@@ -37,7 +41,9 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         snapshot = backend.snapshot()
     finally:
         backend.close()
-    resources = build_resources(snapshot, cfg.resources)
+    resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
+        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned_limit(opts)
+    )
     machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
     labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
     report: dict[str, Any] = {
@@ -69,6 +75,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         "config": loaded.source or "(defaults)",
         "warnings": [
             *cfg.warnings,
+            *_toolkit_warnings(opts, cfg.allocate),
             *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
             *labelled.warnings,
         ],
@@ -91,6 +98,17 @@ def dra_report(
         "frontEnds": {r.name: "dra" if r.name in on_dra else "device-plugin" for r in resources},
         "resourceSlices": build_slices(entries, node=node, opts=dra, generation=1),
     }
+
+
+def _toolkit_warnings(opts: RunOptions, allocate: AllocateOptions) -> list[str]:
+    """Under a cdi-* strategy: that the NVIDIA Container Toolkit's spec is missing."""
+    directory = opts.get("cdi-spec-dir")
+    if not directory or not uses_cdi(allocate):
+        return []
+    from gpuslice.adapters.cdi_file import find_toolkit_devices
+
+    problem = find_toolkit_devices(directory).problem
+    return [] if problem is None else [problem]
 
 
 def served_as(gpu_uuid: str, resources: Sequence[Resource]) -> list[dict[str, Any]]:

@@ -60,16 +60,16 @@ async def test_a_link_a_directory_or_a_huge_file_is_not_read(tmp_path: Path) -> 
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "checkpoint.json").symlink_to(elsewhere)
-    with pytest.raises(BackendError, match="cannot open"):
+    with pytest.raises(BackendError, match="is a symbolic link; refused"):
         await ClaimCheckpointFile(str(linked)).load()
     dir_case = tmp_path / "dir"
     (dir_case / "checkpoint.json").mkdir(parents=True)
-    with pytest.raises(BackendError, match="not a regular file"):
+    with pytest.raises(BackendError, match="is a directory, not a regular file; refused"):
         await ClaimCheckpointFile(str(dir_case)).load()
     huge = tmp_path / "huge"
     huge.mkdir()
     sparse(huge / "checkpoint.json")
-    with pytest.raises(BackendError, match=f"more than {MAX_BYTES}"):
+    with pytest.raises(BackendError, match=f"larger than {MAX_BYTES} bytes; refused"):
         await ClaimCheckpointFile(str(huge)).load()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from lightkube import AsyncClient, KubeConfig
 
 from gpuslice.adapters.cdi_claims import ClaimSpecDir
+from gpuslice.adapters.cdi_file import find_toolkit_devices
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.kube.dra_api import KubeDraApi
 from gpuslice.adapters.kubelet.dra_checkpoint import ClaimCheckpointFile
@@ -111,10 +112,10 @@ class DraRig:
             api=api,
             checkpoint=ClaimCheckpointFile(self.plugin_dir),
             specs=ClaimSpecDir(self.cdi_dir),
-            toolkit=kw.pop("toolkit", dict),
         )
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)
+        kw.setdefault("find_toolkit", lambda: find_toolkit_devices(self.cdi_dir))
         self.frontend = DraFrontEnd(self.health, driver, publisher, endpoint, check_s=0.05, **kw)
         await self.frontend.start()
         await self.frontend.prepare(self.snapshot, self.health.settings)()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_harness import is_socket, remove_dir, short_dir
+from agent_harness import is_socket, remove_dir, short_dir, write_file
 from dra_harness import DRIVER, NODE, DraRig, dra_rig
 
 from gpuslice.core.dra.devices import DraOptions
@@ -129,6 +129,10 @@ async def test_two_pods_share_one_time_sliced_gpu_with_a_claim_each(
         results = await rig.kubelet.prepare(DRIVER, [a, b])
         assert [r.error for r in results.values()] == ["", ""]
         assert len(rig.spec_files()) == 2
+        for result in results.values():  # two specs of one kind, each resolvable
+            assert (
+                "/dev/nvidia0" in rig.kubelet.resolve_cdi(result.devices[0].cdi_ids)["deviceNodes"]
+            )
 
 
 async def test_consumable_shares_are_published_on_request(root: str, tmp_path: Path) -> None:
@@ -178,3 +182,31 @@ async def test_an_agent_restart_keeps_prepared_claims_unpreparable(rig: DraRig) 
     # the slices continue the earlier agent's pool generation
     (only,) = rig.api.dra.node_slices(NODE)
     assert only["spec"]["pool"]["generation"] == 2
+
+
+async def test_the_toolkits_own_cdi_device_is_named_beside_ours(root: str, tmp_path: Path) -> None:
+    """Where the NVIDIA Container Toolkit's spec is on the node (it carries the driver's
+    libraries), each device's answer names its toolkit device too, by UUID."""
+    os.makedirs(os.path.join(root, "cdi"))
+    async with dra_rig(root, tmp_path) as bare:
+        gpu = bare.gpu(0)
+    toolkit = (
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        f"- name: {gpu}\n  containerEdits:\n    env: [NVIDIA_TOOLKIT=yes]\n"
+        "containerEdits:\n  mounts:\n  - {hostPath: /usr/lib/libcuda.so.1, "
+        "containerPath: /usr/lib/libcuda.so.1}\n"
+    )
+    write_file(os.path.join(root, "cdi", "nvidia.yaml"), toolkit)
+    async with dra_rig(root, tmp_path) as rig:
+        await rig.kubelet.discover(DRIVER)
+        await rig.published(lambda d: GPU0 in d)
+        claim = rig.put_claim("a", GPU0)
+        (device,) = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].devices
+        assert device.cdi_ids[1] == f"nvidia.com/gpu={gpu}"
+        edits = rig.kubelet.resolve_cdi(device.cdi_ids)
+        assert "NVIDIA_TOOLKIT=yes" in edits["env"]
+        assert {
+            "hostPath": "/usr/lib/libcuda.so.1",
+            "containerPath": "/usr/lib/libcuda.so.1",
+        } in edits["mounts"]
+        assert rig.frontend.status().get("cdiToolkit") is None

@@ -1,5 +1,11 @@
 """Per-claim CDI spec files (DRA): one file per prepared claim in the CDI spec directory,
-written atomically when the claim is prepared and removed when it is unprepared."""
+written atomically when the claim is prepared and removed when it is unprepared.
+
+Not fsync'ed: the runtime reads a spec after the kubelet has our answer, the rename makes
+it whole, and /var/run/cdi does not outlive a reboot anyway (a claim prepared before a
+crash of the node is prepared again by its kubelet). The directory is created 0755
+whatever the umask, as for the device plugin's specs.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.adapters.outside_files import make_dir, open_dir, write_in_dir
 from gpuslice.core.errors import BackendError
 
 
@@ -31,7 +37,12 @@ class ClaimSpecDir:
             if text is None:
                 path.unlink(missing_ok=True)
             else:
-                replace_atomically(path, text)
+                make_dir(self.directory, 0o755)
+                dir_fd = open_dir(self.directory)
+                try:
+                    write_in_dir(dir_fd, name, text, durable=False)
+                finally:
+                    os.close(dir_fd)
         except OSError as exc:
             raise BackendError(
                 f"CDI spec {path}: cannot {verb}: {exc.strerror or exc}", transient=True

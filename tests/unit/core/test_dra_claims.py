@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
@@ -219,11 +220,13 @@ def test_prepared_devices_carry_the_claim_spec_id_and_the_toolkits_own() -> None
     found = node_devices()
     claim = parse_claim(claim_obj(GPU0, GPU1), REF, DRIVER)
     devs = check_devices(claim, found, pool="node-a", unhealthy=(), prepared={})
-    toolkit = {b.gpu_uuid(0): f"nvidia.com/gpu={b.gpu_uuid(0)}"}
+    toolkit = ToolkitDevices(frozenset({b.gpu_uuid(0), "1", "all"}), "nvidia.yaml", None)
     out = prepared_devices(claim, devs, OPTS, toolkit)
     assert out[0].cdi_ids == (
         f"k8s.gpu.nvidia.com/claim=uid-1-{GPU0}",
         f"nvidia.com/gpu={b.gpu_uuid(0)}",
     )
-    assert out[1].cdi_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{GPU1}",)
+    assert out[1].cdi_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{GPU1}", "nvidia.com/gpu=1")
+    none = prepared_devices(claim, devs, OPTS, ToolkitDevices())
+    assert none[0].cdi_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{GPU0}",)
     assert (out[0].pool, out[0].device, out[0].requests) == ("node-a", GPU0, ("gpu",))

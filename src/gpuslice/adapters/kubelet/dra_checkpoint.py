@@ -2,22 +2,21 @@
 prepare) works after the agent restarts, without the ResourceClaim.
 
 One JSON file in the plugin's directory under /var/lib/kubelet/plugins, which the agent
-owns but other processes could tamper with: it is read without following a link, only
-as a regular file, up to MAX_BYTES, and decoded off the loop into a typed value; it is
-replaced atomically (a new file made with O_EXCL, then renamed over the old).
+owns but other processes could tamper with: it is read through adapters.outside_files
+(without following a link, only as a regular file, up to MAX_BYTES) and decoded off the
+loop into a typed value; it is replaced atomically and durably (a new file made with
+O_EXCL, fsync'ed, renamed over the old) before a prepare or unprepare is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import stat
 from collections.abc import Mapping
-from pathlib import Path
 
 import msgspec
 
-from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.adapters.outside_files import read_bytes, reason, replace_atomically
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PreparedDevice
 from gpuslice.core.errors import BackendError
 
@@ -60,16 +59,19 @@ class ClaimCheckpointFile:
         data = _File(VERSION, {uid: _encode(c) for uid, c in claims.items()})
         text = msgspec.json.encode(data).decode()
         try:
-            await asyncio.to_thread(replace_atomically, Path(self.path), text, 0o600)
+            await asyncio.to_thread(replace_atomically, self.path, text, 0o600, dir_mode=0o750)
         except OSError as exc:
             raise BackendError(
                 f"DRA checkpoint {self.path}: cannot write: {exc.strerror or exc}", transient=True
             ) from None
 
     def _load(self) -> dict[str, PreparedClaim]:
-        raw = read_owned_file(self.path, MAX_BYTES)
-        if raw is None:
+        try:
+            raw = read_bytes(self.path, limit=MAX_BYTES, follow=False)
+        except FileNotFoundError:
             return {}
+        except OSError as exc:
+            raise BackendError(f"DRA checkpoint {self.path}: {reason(exc)}") from None
         try:
             data = msgspec.json.decode(raw, type=_File)
         except msgspec.DecodeError as exc:
@@ -79,30 +81,6 @@ class ClaimCheckpointFile:
                 f"DRA checkpoint {self.path}: version {data.version}, this agent reads {VERSION}"
             )
         return {uid: _decode(uid, c) for uid, c in data.claims.items()}
-
-
-def read_owned_file(path: str, limit: int) -> bytes | None:
-    """The bytes of regular file `path` (None when absent), never through a link and at
-    most `limit` bytes. Raises BackendError otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise BackendError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BackendError(f"{path}: not a regular file")
-        if info.st_size > limit:
-            raise BackendError(f"{path}: {info.st_size} bytes, more than {limit}")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise BackendError(f"{path}: more than {limit} bytes")
-    return data
 
 
 def _encode(claim: PreparedClaim) -> _Claim:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
 from gpuslice.core.dra.opaque import (
     GPU_CONFIG,
@@ -231,10 +232,11 @@ def prepared_devices(
     claim: ClaimAllocation,
     devices: Sequence[DraDevice],
     opts: DraOptions,
-    toolkit: Mapping[str, str],
+    toolkit: ToolkitDevices,
 ) -> tuple[PreparedDevice, ...]:
     """What the kubelet gets back: per device our claim spec's CDI ID, then the NVIDIA
-    Container Toolkit's own (`toolkit`: UUID -> CDI ID) where its spec is on the node."""
+    Container Toolkit's own device (by UUID, else index) where its spec names it: it
+    carries the driver's libraries."""
     return tuple(
         PreparedDevice(
             requests=(alloc.request,),
@@ -242,7 +244,7 @@ def prepared_devices(
             device=device.name,
             cdi_ids=(
                 f"{opts.cdi_kind}={cdi_device_name(claim.ref.uid, device.name)}",
-                *((toolkit[device.uuid],) if device.uuid in toolkit else ()),
+                *_named(toolkit.name_for(device.uuid, device.index)),
             ),
             share_id=alloc.share_id,
             admin=alloc.admin,
@@ -254,6 +256,10 @@ def prepared_devices(
 def cdi_device_name(claim_uid: str, device: str) -> str:
     """<claimUID>-<device>, as NVIDIA's driver names a claim's CDI devices."""
     return f"{claim_uid}-{device}"
+
+
+def _named(name: str | None) -> tuple[str, ...]:
+    return () if name is None else (name,)
 
 
 def _may_share(device: DraDevice, mine: AllocatedDevice, held: PreparedDevice) -> bool:

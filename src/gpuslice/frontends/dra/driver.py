@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
@@ -42,9 +43,9 @@ log = structlog.get_logger("gpuslice.dra")
 
 
 class DraDriver:
-    """The DraHandler port. `toolkit` gives the NVIDIA Container Toolkit's CDI name of a
-    GPU or MIG UUID where its spec is on the node; `control_devices` the driver's control
-    nodes present here."""
+    """The DraHandler port. `toolkit` holds the NVIDIA Container Toolkit's CDI device names
+    found on the node (the front-end looks them up at each step); `control_devices` the
+    driver's control nodes present here."""
 
     def __init__(
         self,
@@ -55,7 +56,6 @@ class DraDriver:
         api: DraApi,
         checkpoint: ClaimCheckpoint,
         specs: ClaimSpecs,
-        toolkit: Callable[[], Mapping[str, str]] = dict,
         control_devices: Sequence[str] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -65,7 +65,7 @@ class DraDriver:
         self._api = api
         self._checkpoint = checkpoint
         self._specs = specs
-        self._toolkit = toolkit
+        self.toolkit = ToolkitDevices()
         self._control = tuple(control_devices)
         self._clock = clock
         self.devices: dict[str, DraDevice] = {}
@@ -165,7 +165,7 @@ class DraDriver:
             sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
         except ClaimError as exc:
             return self._refused(ref, str(exc))
-        result = prepared_devices(claim, devices, self.opts, self._toolkit())
+        result = prepared_devices(claim, devices, self.opts, self.toolkit)
         spec = ""
         if devices:
             spec = spec_file_name(self.opts, ref.uid)

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from gpuslice.config.settings import Settings
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import build_devices, dra_resources
 from gpuslice.core.dra.slices import published
@@ -48,7 +49,11 @@ class DraFrontEnd:
         pcie_roots: Mapping[str, str] | None = None,
         check_s: float = 1.0,
         retry: Backoff = PUBLISH_RETRY,
+        # The NVIDIA Container Toolkit's CDI devices on the node (adapters.cdi_file's
+        # lookup, shared with the device-plugin path); blocking, run off the loop.
+        find_toolkit: Callable[[], ToolkitDevices] | None = None,
     ) -> None:
+        self._find_toolkit = find_toolkit
         self._view = view
         self.driver = driver
         self.publisher = publisher
@@ -73,10 +78,21 @@ class DraFrontEnd:
         devices = build_devices(snapshot, resources, self._roots)
 
         async def step() -> None:
+            if self._find_toolkit is not None:
+                await self._look_up_toolkit(self._find_toolkit)
             await self.driver.set_devices(devices)
             self._poked.set()
 
         return step
+
+    async def _look_up_toolkit(self, find: Callable[[], ToolkitDevices]) -> None:
+        found = await asyncio.to_thread(find)
+        if found.problem != self.driver.toolkit.problem:
+            if found.problem is None:
+                log.info("dra_toolkit_spec_found", path=found.source, devices=len(found.names))
+            else:
+                log.warning("dra_toolkit_spec_missing", detail=found.problem)
+        self.driver.toolkit = found
 
     async def start(self) -> None:
         """Load the checkpoint: the claims prepared before are known before any call."""
@@ -104,6 +120,8 @@ class DraFrontEnd:
         }
         if self.publish_error:
             out["publishError"] = self.publish_error
+        if self._find_toolkit is not None and self.driver.toolkit.problem:
+            out["cdiToolkit"] = self.driver.toolkit.problem
         return out
 
     async def stop(self) -> None:

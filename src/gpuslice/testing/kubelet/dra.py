@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import yaml
 
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
@@ -247,20 +247,23 @@ class DraKubeletStandin:
         name a device of a spec in the CDI directory (kind=name)."""
         if self.cdi_dir is None:
             raise StandinError("no CDI directory to resolve in")
-        specs = {}
-        for path in glob.glob(os.path.join(self.cdi_dir, "*.json")):
+        found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # kind=name -> device, spec
+        paths = (glob.glob(os.path.join(self.cdi_dir, f"*.{ext}")) for ext in ("json", "yaml"))
+        for path in sorted(p for found_here in paths for p in found_here):
             with open(path, encoding="utf-8") as f:
-                spec = json.load(f)
-            specs[spec["kind"]] = spec
+                spec = yaml.safe_load(f)  # JSON is YAML too
+            for device in spec.get("devices", []):
+                name = f"{spec['kind']}={device['name']}"
+                if name in found:  # as the CDI registry: a name two specs define is a conflict
+                    raise StandinError(f"CDI device {name} is defined twice in {self.cdi_dir}")
+                found[name] = (device, spec)
         env: list[str] = []
         nodes: list[str] = []
         mounts: list[dict[str, Any]] = []
         for cdi_id in ids:
-            kind, _, name = cdi_id.partition("=")
-            spec = specs.get(kind)
-            device = next((d for d in (spec or {}).get("devices", []) if d["name"] == name), None)
-            if spec is None or device is None:
+            if cdi_id not in found:
                 raise StandinError(f"CDI device {cdi_id} is not in any spec in {self.cdi_dir}")
+            device, spec = found[cdi_id]
             for edits in (device["containerEdits"], spec.get("containerEdits", {})):
                 env += [e for e in edits.get("env", []) if e not in env]
                 nodes += [n["path"] for n in edits.get("deviceNodes", []) if n["path"] not in nodes]
