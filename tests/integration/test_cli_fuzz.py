@@ -53,6 +53,7 @@ EMPTY_OK = {
     "--config-file", "--kubeconfig", "--status-address", "--fake-hardware",
     "--imex-channel-ids", "--config-file-srcdir", "--fallback-strategies", "--config-map",
     "--memory-budget",
+    "--dra-device-plugin-resources",  # none kept on the device-plugin API
 }  # fmt: skip
 # A directory is a mounted ConfigMap: what is in it decides (an empty one is refused in
 # one line that says so).
