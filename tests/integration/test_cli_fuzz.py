@@ -45,6 +45,7 @@ FREE_FORM = {
     "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket", "--proc-root",
     "--mps-control-binary",  # run only under sharing.mps; a bad one holds MPS replicas back
     "--dra-plugins-dir", "--dra-registry-dir",  # used (created) only with --dra
+    "--dra-driver-name",  # a DNS subdomain ("abc" is one); others are refused in one line
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no
