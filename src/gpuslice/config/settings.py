@@ -9,7 +9,6 @@ env var; they receive a Settings and converge to it.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 
 from gpuslice.config.convert import allocate_options, plugin_options, resource_settings
 from gpuslice.config.flags import resolve, setting
@@ -18,33 +17,11 @@ from gpuslice.config.loader import LoadedConfig, load_config_file
 from gpuslice.config.summary import describe
 from gpuslice.config.v1 import Config
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.health import XidPolicy
-from gpuslice.core.health_state import RecoveryPolicy
-from gpuslice.core.response import AllocateOptions
-from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.settings import Settings
+
+__all__ = ["Settings", "check_not_truncated", "load_settings", "settings_from"]
 
 DEFAULTS_SOURCE = "(no config file: flags, env vars and defaults)"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """What the agent serves by, and where it came from (for logs and reports)."""
-
-    resources: ResourceSettings
-    allocate: AllocateOptions
-    fail_on_init_error: bool = True
-    xid_policy: XidPolicy = field(default_factory=XidPolicy)
-    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-    name: str | None = None  # the ConfigMap entry or directory file; None for a plain file
-    source: str = ""  # a path, "path[entry]", or how the defaults were reached
-    summary: str = ""  # one line: MIG strategy, sharing, replica rules, device flags
-    warnings: tuple[str, ...] = ()
-    blank: bool = False  # the document had no content (see LoadedConfig.blank)
-
-    @property
-    def shown(self) -> str:
-        """How logs and reports name this config."""
-        return self.name or self.source or "(defaults)"
 
 
 def effective_config(
