@@ -26,7 +26,7 @@ from bench.plan import Plan
 from bench.reconfig import listing_of
 from bench.rigs import scratch, until_ready
 from gpuslice.adapters.kube import KubeNodeApi
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.core.ports import NodeApi
 from gpuslice.demo import write_configmap_volume
 from gpuslice.services.config_source import DEFAULT_ANNOTATION

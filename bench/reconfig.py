@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from bench.harness import MS, Figure, Target, now, percentile
 from bench.plan import Plan
 from bench.rigs import GPU, Rig, scratch, time_slicing, until_ready
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.config.settings import Settings
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.node import Node

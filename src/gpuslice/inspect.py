@@ -5,32 +5,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.config.options import RunOptions
+from gpuslice.config.settings import load_config
 from gpuslice.core.labels import label_node
 from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
-from gpuslice.wiring import (
-    RunOptions,
-    effective_config,
-    label_flags,
-    machine_type,
-    open_backend,
-    settings_from,
-)
+from gpuslice.wiring import machine_type, open_backend, plugin_settings
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
     """One JSON-able report; `resources` maps each advertised name to its device count,
     `gpus` lists each GPU with the resources serving it (`servedAs`), `labels` each node
     label (GFD's, without the timestamp) to its value."""
-    loaded = effective_config(opts)
-    cfg = settings_from(loaded, opts, plugin=True)
+    loaded = load_config(opts)
+    cfg = plugin_settings(loaded, opts)
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
     finally:
         backend.close()
     resources = build_resources(snapshot, cfg.resources)
-    machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
-    labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
+    machine = machine_type(opts, cfg.labels.machine_type_file)
+    labelled = label_node(snapshot, cfg.resources, machine=machine)
     return {
         "resources": {r.name: len(r.devices) for r in resources},
         "details": [

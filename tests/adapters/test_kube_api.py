@@ -166,7 +166,7 @@ def test_an_unusable_kubeconfig_is_a_one_line_error(tmp_path: Path) -> None:
 def test_importing_the_adapter_loads_no_lightkube() -> None:
     """`gpuslice run` without Kubernetes must not pay lightkube's import time."""
     probe = (
-        "import sys, gpuslice.adapters.kube as k; k.MemoryNodeApi(); "
+        "import sys, gpuslice.adapters.kube, gpuslice.testing.nodeapi as m; m.MemoryNodeApi(); "
         "print(sorted(m for m in ('lightkube', 'httpx2') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -14,7 +14,7 @@ import yaml
 from chart_kit import CHART, CONFIGS, NAMESPACE, RELEASE, VALUE_SETS, container, env, rendered, the
 from chart_kit import tool as chart_tool
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.services.config_source import (
     DEFAULT_ANNOTATION,
     ConfigMapEntries,

@@ -25,7 +25,7 @@ from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import PluginEndpoint
 from gpuslice.services.agent import AgentDeps
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 
 SETTLE_TIMEOUT_S = 5.0
 

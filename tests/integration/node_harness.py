@@ -15,7 +15,7 @@ from pathlib import Path
 from agent_harness import STOP_TIMEOUT_S, shutdown_all
 
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.adapters.nfd_file import parse
 from gpuslice.config.settings import Settings
 from gpuslice.core.errors import BackendError

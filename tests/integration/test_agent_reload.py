@@ -24,7 +24,7 @@ from conftest import Logged
 from faults_harness import eventually
 from node_harness import time_slicing
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import RunOptions, node_deps

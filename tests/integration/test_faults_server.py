@@ -35,8 +35,8 @@ from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
 from gpuslice.services.agent import AgentDeps, AgentTaskFailed
-from gpuslice.services.plugin_manager import PluginManager, PluginServerFailed
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.manager import PluginManager, PluginServerFailed
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
 
 QUICK = RestartBudget(first_delay_s=0.01, max_delay_s=0.05)  # upstream's count, short backoff

@@ -31,7 +31,7 @@ from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.core.resources import build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
 
 C_CORE_LINE = re.compile(r"^[EWID]\d{4} \d\d:\d\d:\d\d")  # gRPC's own log format

@@ -30,7 +30,7 @@ from node_harness import (
 
 from gpuslice import __version__, cli
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.core.errors import ConfigError
 from gpuslice.demo import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin

@@ -59,6 +59,7 @@ ONLY_WHEN_USED = (
     "gpuslice.adapters.status_http",
     "gpuslice.adapters.metrics",
     "prometheus_client",
+    "gpuslice.testing",
 )
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -17,6 +18,11 @@ from gpuslice.core.settings import Settings
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices, ProcessOwner, ProcessSample
 
 T = TypeVar("T")
+
+# (directory, names or None for all) -> an async context yielding (name, "created" |
+# "deleted") events (adapters.fswatch.DirWatcher).
+DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
+DirWatch = Callable[[str, Collection[str] | None], DirEvents]
 
 
 class GpuBackend(Protocol):
@@ -292,7 +298,8 @@ class MpsControl(Protocol):
 # node state first, then to each front-end. A new front-end is a new package under
 # gpuslice.frontends implementing FrontEnd over NodeState, plus its lines in wiring.
 
-UnhealthyListener = Callable[[frozenset[str]], object]
+# Told each new merged unhealthy set; returns the names of what it serves that changed.
+UnhealthyListener = Callable[[frozenset[str]], Iterable[str]]
 
 
 @dataclass(frozen=True)
@@ -355,7 +362,8 @@ class NodeState(Protocol):
         ...
 
     def on_unhealthy(self, listener: UnhealthyListener) -> None:
-        """Call `listener(unhealthy)` at once and on every change of the merged set."""
+        """Call `listener(unhealthy)` on every change of the merged set, synchronously
+        (a front-end's lists change before the change is logged)."""
         ...
 
     def plan_devices(
@@ -386,14 +394,20 @@ class FrontEnd(Protocol):
     """One way the kubelet learns of the node's devices (services.agent drives it).
 
     It is given the NodeState when it is built, and reports back through `ready`,
-    `status`, `failed` and `error`. The agent calls, in this order and never two at once:
-    `prepare` with each new hardware snapshot and settings (before they are committed),
-    the step it returns once they are, `run` once after the first step, and `stop`.
+    `status`, `failed` and `error`. The agent calls `start` once, then `prepare` with each
+    new hardware snapshot and settings (before they are committed) and the step it returns
+    once they are, `run` beside them after the first step, and `stop` at the end (also
+    after a failed start or first step).
     """
 
     @property
     def name(self) -> str:
         """Short and stable ("device-plugin"): readiness and log lines name it."""
+        ...
+
+    async def start(self) -> None:
+        """Begin following the outside world before anything is served (a directory
+        watch that must see a kubelet starting meanwhile)."""
         ...
 
     def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
@@ -424,7 +438,8 @@ class FrontEnd(Protocol):
     def error(self) -> GpusliceError | None: ...
 
     async def stop(self) -> None:
-        """Stop serving and remove what it created for the kubelet (sockets, ...)."""
+        """Stop serving, remove what it created for the kubelet (sockets, ...) and stop
+        following the outside world."""
         ...
 
 

@@ -29,8 +29,21 @@ class Settings:
     summary: str = ""  # one line: MIG strategy, sharing, replica rules, device flags
     warnings: tuple[str, ...] = ()
     blank: bool = False  # the document had no content (see LoadedConfig.blank)
+    labels: LabelSettings = field(default_factory=lambda: LabelSettings())
 
     @property
     def shown(self) -> str:
         """How logs and reports name this config."""
         return self.name or self.source or "(defaults)"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSettings:
+    """How node labels are published (GPU Feature Discovery's flags.gfd, complete)."""
+
+    use_node_feature_api: bool = True  # a NodeFeature object; False: a features.d file
+    output_file: str = ""  # the features.d file ("" writes to stdout)
+    interval_s: float | None = 60.0  # between relabellings; None: infinite (on changes only)
+    timestamps: bool = True
+    machine_type_file: str = ""
+    oneshot: bool = False

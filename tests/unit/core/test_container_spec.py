@@ -12,8 +12,8 @@ from gpuslice.core.container_spec import (
     DEVICE_LIST_ROOT,
     VISIBLE_DEVICES,
     container_allocation,
-    usable_imex_channels,
 )
+from gpuslice.config.convert import usable_imex_channels
 from gpuslice.core.devices import replica_id
 from gpuslice.core.errors import HardwareError
 from gpuslice.core.resources import AdvertisedDevice, Resource, build_resources

@@ -20,8 +20,8 @@ from gpuslice.core.sharing import (
     ResourceSettings,
     SharingPlan,
 )
-from gpuslice.services.plugin_manager import PluginManager
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.manager import PluginManager
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 
 
 class ScriptedBackend:

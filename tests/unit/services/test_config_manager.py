@@ -22,7 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.core.errors import ConfigError, GpusliceError, HardwareError

@@ -27,7 +27,7 @@ import structlog
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginEndpoint, SocketTaken
 from gpuslice.core.restart import REGISTER_RETRY, FailureRun, RestartBudget, after_failure
-from gpuslice.services.supervisor_events import (
+from gpuslice.frontends.deviceplugin.supervisor_events import (
     UP,
     Counters,
     Event,
