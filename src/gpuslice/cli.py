@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 
 from gpuslice import __version__
-from gpuslice.config.flags import FLAGS, GfdEnv, command_env
+from gpuslice.config.flags import FLAGS, GfdEnv
 from gpuslice.core.errors import GpusliceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -189,12 +189,11 @@ def _resolved(
         and v is not None
         and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
     }
-    env = command_env(command, environ)
-    if command == "labels":
-        env = GfdEnv(env)
+    env = GfdEnv(environ) if command == "labels" else environ
     return resolve_options(
         given,
         env,
+        command=command,
         config_name=params.get("config_name"),
         fake_hardware=params.get("fake_hardware"),
         fake_events=params.get("fake_events"),

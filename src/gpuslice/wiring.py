@@ -35,6 +35,7 @@ from gpuslice.core.errors import ConfigError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
     DirEvents,
+    DirWatch,
     GpuBackend,
     LabelSink,
     Metrics,
@@ -46,7 +47,7 @@ from gpuslice.core.ports import (
 )
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.settings import LabelSettings
-from gpuslice.frontends.deviceplugin import DevicePluginFrontEnd, ResourceHandler
+from gpuslice.frontends.deviceplugin import DevicePluginFrontEnd, EndpointFactory, ResourceHandler
 from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
@@ -93,6 +94,7 @@ def __getattr__(name: str) -> object:
         return getattr(importlib.import_module(_KIT[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "AdmittedContainer",
     "InsufficientResourceError",
@@ -106,14 +108,31 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Parts:
-    """What a test or the demo may swap before a node is built (None: as `run` wires)."""
+    """The adapters a node's agent is built from, as `run` picks them (wiring.parts); a
+    test or the bench may swap one (dataclasses.replace) before building."""
 
-    open_backend: Callable[[], GpuBackend] | None = None
-    restart_budget: RestartBudget | None = None
-    endpoint: Callable[[ResourceHandler], PluginEndpoint] | None = None
-    watch_kubelet: bool = True  # follow the device-plugin directory
+    open_backend: Callable[[], GpuBackend]  # raises BackendError when NVML cannot start
+    endpoint: EndpointFactory  # one device-plugin endpoint per resource
+    watch: DirWatch | None  # the device-plugin directory's watch (None: not followed)
+    plugin_dir: str
+    restart_budget: RestartBudget | None = None  # None: upstream's (5 restarts an hour)
+
+
+def parts(opts: RunOptions, metrics: Metrics = NO_METRICS) -> Parts:
+    """The adapters of `opts`: NVML or the simulated node, the kubelet's directory."""
+    plugin_dir, kubelet_socket = opts.plugin_dir, opts.kubelet_socket
+
+    def endpoint(handler: ResourceHandler) -> PluginEndpoint:
+        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket, metrics)
+
+    return Parts(
+        open_backend=lambda: open_backend(opts),
+        endpoint=endpoint,
+        watch=_watch if kubelet_socket else None,
+        plugin_dir=plugin_dir,
+    )
 
 
 def imex_present(opts: RunOptions) -> frozenset[int]:
@@ -161,13 +180,10 @@ def control_devices(opts: RunOptions) -> tuple[str, ...]:
     return tuple(p for p in CONTROL_DEVICES if os.path.exists(p))
 
 
-def node_devices(
-    opts: RunOptions, metrics: Metrics = NO_METRICS, parts: Parts | None = None
-) -> NodeDevices:
+def node_devices(opts: RunOptions, metrics: Metrics, parts: Parts) -> NodeDevices:
     """The node's device state: the backend, CDI specs, MPS daemons, holds."""
-    parts = parts or Parts()
     return NodeDevices(
-        parts.open_backend or (lambda: open_backend(opts)),
+        parts.open_backend,
         cdi=cdi_specs(opts, control_devices(opts)),
         mps=mps_daemons(opts),
         pod_resources=lambda: _held_back_by(opts),
@@ -176,33 +192,27 @@ def node_devices(
 
 
 def device_plugin(
-    opts: RunOptions,
-    devices: NodeDevices,
-    metrics: Metrics = NO_METRICS,
-    parts: Parts | None = None,
+    opts: RunOptions, devices: NodeDevices, metrics: Metrics, parts: Parts
 ) -> DevicePluginFrontEnd:
     """The device-plugin front-end: one endpoint per resource in the kubelet's directory."""
-    parts = parts or Parts()
-    plugin_dir, kubelet_socket = opts.plugin_dir, opts.kubelet_socket
-
-    def endpoint(handler: ResourceHandler) -> PluginEndpoint:
-        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket, metrics)
-
     return DevicePluginFrontEnd(
         devices,
-        parts.endpoint or endpoint,
-        plugin_dir,
-        watch=_watch if kubelet_socket and parts.watch_kubelet else None,
+        parts.endpoint,
+        parts.plugin_dir,
+        watch=parts.watch,
         control_devices=control_devices(opts),
         budget=parts.restart_budget,
         metrics=metrics,
     )
 
 
-def agent(opts: RunOptions, metrics: Metrics = NO_METRICS, parts: Parts | None = None) -> Agent:
+def agent(
+    opts: RunOptions, metrics: Metrics = NO_METRICS, with_parts: Parts | None = None
+) -> Agent:
     """The converge loop over the node's devices and its one front-end (device plugin)."""
-    devices = node_devices(opts, metrics, parts)
-    return Agent(devices, [device_plugin(opts, devices, metrics, parts)], metrics=metrics)
+    chosen = with_parts or parts(opts, metrics)
+    devices = node_devices(opts, metrics, chosen)
+    return Agent(devices, [device_plugin(opts, devices, metrics, chosen)], metrics=metrics)
 
 
 def mps_daemons(opts: RunOptions) -> MpsDaemons:
@@ -261,7 +271,7 @@ def build_node(
     opts: RunOptions,
     api: NodeApi | None,
     metrics: Metrics = NO_METRICS,
-    parts: Parts | None = None,
+    with_parts: Parts | None = None,
     accounting: Callable[[NodeDevices], tuple[Sampler, Watchdog | None]] | None = None,
 ) -> Node:
     """`gpuslice run`'s node: the agent, the config manager (over the config file or the
@@ -299,7 +309,7 @@ def build_node(
         # Per-node configs are chosen later: there only flags, env vars and defaults count.
         gfd = first[1].labels if first else label_settings_of(opts, LoadedConfig(Config()))
         labels = label_output(opts, api, gfd)
-    return Node(NodeDeps(agent(opts, metrics, parts), manager, labels, accounting))
+    return Node(NodeDeps(agent(opts, metrics, with_parts), manager, labels, accounting))
 
 
 def label_settings_of(opts: RunOptions, loaded: LoadedConfig) -> LabelSettings:

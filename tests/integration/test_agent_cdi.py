@@ -151,7 +151,7 @@ async def test_the_spec_outlives_the_agent_and_the_next_one_takes_it_over(
     await second.registered(kubelet)
     assert stamp(launcher) == written
     write_file(config, _with_strategy(time_slicing(4), "envvar"))
-    assert await second.agent.reload()
+    assert await second.reload()
     assert os.listdir(launcher.cdi_spec_dir) == []
 
 
@@ -176,13 +176,13 @@ async def test_a_reload_writes_the_spec_for_cdi_and_removes_it_for_envvar(
     assert spec_on_disk(launcher) is None
 
     write_file(config, _with_strategy(time_slicing(4), "cdi-cri"))
-    assert await running.agent.reload()
+    assert await running.reload()
     spec = spec_on_disk(launcher)
     assert spec is not None
     assert await every_answer(kubelet, running) <= qualified_names(spec)
 
     write_file(config, _with_strategy(time_slicing(4), "envvar"))
-    assert await running.agent.reload()
+    assert await running.reload()
     assert os.listdir(launcher.cdi_spec_dir) == []
 
 
@@ -199,7 +199,7 @@ async def test_a_new_mig_layout_rewrites_the_spec(
     assert len(before["devices"]) == 5
 
     write_file(config, _mig("none"))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 2}))
     after = spec_on_disk(launcher)
     assert after is not None
@@ -223,7 +223,7 @@ async def test_a_rename_or_an_unhealthy_gpu_leaves_the_spec_untouched(
     names = qualified_names(spec)
 
     write_file(config, _with_strategy(time_slicing(4, rename=True), "cdi-cri"))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {"nvidia.com/gpu.shared": 16}))
     assert await every_answer(kubelet, running) <= names
 

@@ -30,11 +30,12 @@ from node_harness import (
 
 from gpuslice import __version__, cli
 from gpuslice.adapters.kube import objects
-from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.config.options import resolve_options
 from gpuslice.core.errors import ConfigError
-from gpuslice.demo import write_configmap_volume
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 
@@ -335,9 +336,9 @@ def test_per_node_configs_without_a_node_name_refuse_to_start(tmp_path: Path) ->
     """Without NODE_NAME the label cannot be read, and every node would silently serve
     the default config: `gpuslice run` stops with one line naming the flag and env var."""
     write_configmap_volume(str(tmp_path), CONFIGS)
-    opts = RunOptions(cli_values={"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
+    opts = resolve_options({"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
     with pytest.raises(ConfigError) as caught:
-        node_deps(opts, MemoryNodeApi())
+        build_node(opts, MemoryNodeApi())
     assert str(caught.value) == (
         f"--config-file-srcdir (CONFIG_FILE_SRCDIR) {tmp_path}: per-node configs need this "
         "node's name to read its label; set --node-name or NODE_NAME (usually from the "

@@ -302,15 +302,20 @@ class FlagValues:
 NO_FLAGS = FlagValues({})
 
 
-def read_flags(cli_values: Mapping[str, str], env: Mapping[str, str]) -> FlagValues:
+def read_flags(
+    cli_values: Mapping[str, str], env: Mapping[str, str], command: str | None = None
+) -> FlagValues:
     """One pass over the table: every flag given on the command line (`cli_values`: only
-    those given, keys Flag.name, as strings) or by an env var, parsed and checked.
+    those given, keys Flag.name, as strings) or by an env var, parsed and checked; with a
+    `command`, only the flags it takes (the env vars of others mean nothing to it).
     Raises ConfigError naming the flag or env var."""
     unknown = sorted(set(cli_values) - FLAGS_BY_NAME.keys())
     if unknown:
         raise ValueError(f"not flags of the table: {', '.join(unknown)}")
     explicit: dict[str, tuple[str, FlagValue]] = {}
     for flag in FLAGS:
+        if command is not None and not flag.taken_by(command):
+            continue
         given = _given(flag, cli_values, env)
         if given is None:
             continue

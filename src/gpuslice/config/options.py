@@ -131,15 +131,17 @@ def resolve_options(
     cli_values: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
     *,
+    command: str | None = None,
     config_name: str | None = None,
     fake_hardware: str | None = None,
     fake_events: str | None = None,
 ) -> RunOptions:
     """The one resolution of a command's flags (`cli_values`: those given on the command
-    line, as strings) and env vars (a GfdEnv reads GFD_ names first). Raises ConfigError
-    naming the flag or env var."""
+    line, as strings) and env vars (a GfdEnv reads GFD_ names first; with a `command`,
+    only the env vars of the flags it takes count). Raises ConfigError naming the flag
+    or env var."""
     env = {} if env is None else env
-    flags = read_flags(cli_values or {}, env)
+    flags = read_flags(cli_values or {}, env, command)
     text, value = flags.text, flags.value
     return RunOptions(
         flags,

@@ -189,7 +189,6 @@ class ConfigManager(Generic[S]):
         labels = None if self._label is None else self._source.watch_node_labels(self._node)
         try:
             async with self._entries.changes() as entry_changes:
-                loops = [self._start(), self._follow_entries(entry_changes), self._settle()]
                 if labels is not None:
                     first = await anext(labels, None)
                     if first is None:
@@ -197,6 +196,8 @@ class ConfigManager(Generic[S]):
                         raise GpusliceError(why)
                     self._label_value = first.get(self._label or "") or None
                     log.info("node_labels_read", label=self._label, value=self._label_value)
+                loops = [self._start(), self._follow_entries(entry_changes), self._settle()]
+                if labels is not None:
                     loops.append(self._follow_labels(labels))
                 if reload is not None:
                     loops.append(self._reload_on(reload))

@@ -53,6 +53,7 @@ class NodeDeps:
 
 class Node:
     def __init__(self, deps: NodeDeps) -> None:
+        self.deps = deps
         self.agent = deps.agent
         self.devices = deps.agent.node
         self.manager = deps.config(self._apply)

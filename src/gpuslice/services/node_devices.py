@@ -197,7 +197,7 @@ class NodeDevices:
         self.monitor = HealthMonitor(
             self._backend,
             settings.xid_policy,
-            self._health_changed,
+            self.health_changed,
             recovery=settings.recovery,
             call=self.call,
             metrics=self._metrics,
@@ -226,7 +226,9 @@ class NodeDevices:
 
     # --- inside ----------------------------------------------------------------------------
 
-    def _health_changed(self, unhealthy: frozenset[str]) -> list[str]:
+    def health_changed(self, unhealthy: frozenset[str]) -> list[str]:
+        """Health's own marks (the health monitor's on_change); returns the served names
+        whose lists changed, for its log lines."""
         self._held[HEALTH] = unhealthy
         return self._push()
 

@@ -22,15 +22,15 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.core.errors import ConfigError, GpusliceError, HardwareError
+from gpuslice.core.ports import DirEvents, DirWatch
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.agent import DirEvents, DirWatch
 from gpuslice.services.config_manager import ConfigManager, ConfigStatus
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries
+from gpuslice.testing.nodeapi import MemoryNodeApi
 
 NODE = "gpu-node-7"
 WITHIN_S = 1.0  # how fast a change must be applied
