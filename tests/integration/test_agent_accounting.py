@@ -43,8 +43,8 @@ class Node:
 
     def __init__(self, running: RunningAgent, backend: FakeBackend, pods: PodResourcesClient):
         self.running = running
-        agent = running.agent
-        self.sampler = Sampler(agent.on_backend, lambda: agent.snapshot, pods, backend)
+        devices = running.devices
+        self.sampler = Sampler(devices.on_backend, lambda: devices.snapshot, pods, backend)
 
     def process(self, **fields: object) -> None:
         self.line({"process": fields})

@@ -6,6 +6,8 @@ every GPU until each answers a probe."""
 
 from __future__ import annotations
 
+import asyncio
+
 import dataclasses
 import os
 import time
@@ -124,6 +126,8 @@ async def test_nvml_init_failure_with_fail_on_init_error_stops_the_agent(
 ) -> None:
     before = Census.take()
     running = await faults.start_with(_no_nvml, "t4x4", wait_ready=False)
+    await asyncio.wait({running.task}, timeout=10)  # it stops on its own
+    assert running.task.done()
     with pytest.raises(BackendError, match="NVML did not initialise"):
         await running.shutdown()
     await no_leaks(before)

@@ -364,7 +364,7 @@ async def test_a_background_task_that_fails_stops_the_agent_with_one_line(
     assert "\n" not in message
     assert (
         message
-        == "internal task Agent._watch_kubelet ended unexpectedly: RuntimeError('watch broke')"
+        == "internal task DevicePluginFrontEnd.run ended unexpectedly: RuntimeError('watch broke')"
     )
     with pytest.raises(AgentTaskFailed):
         await running.shutdown()

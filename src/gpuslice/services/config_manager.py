@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -135,6 +136,7 @@ class ConfigManager(Generic[S]):
         self._lock = asyncio.Lock()
         self._checks = 0
         self._checked = asyncio.Condition()
+        self._pool: ThreadPoolExecutor | None = None  # reads the entries while running
 
     @property
     def status(self) -> ConfigStatus:
@@ -187,6 +189,7 @@ class ConfigManager(Generic[S]):
         then follow changes until `stop` is set; each set of `reload` re-reads. Changes
         seen while the first config is still being applied are read right after it."""
         labels = None if self._label is None else self._source.watch_node_labels(self._node)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-config")
         try:
             async with self._entries.changes() as entry_changes:
                 if labels is not None:
@@ -203,6 +206,8 @@ class ConfigManager(Generic[S]):
                     loops.append(self._reload_on(reload))
                 await _run_until(stop or asyncio.Event(), loops)
         finally:
+            pool, self._pool = self._pool, None
+            pool.shutdown(wait=True)  # a read in flight ends first (it is bounded)
             aclose = getattr(labels, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -222,7 +227,7 @@ class ConfigManager(Generic[S]):
         async with self._lock:
             self._wanted = None
             try:
-                await self._use(*await asyncio.to_thread(self._read), cause)
+                await self._use(*await self._read_off_loop(), cause)
                 return True
             except GpusliceError as exc:
                 if isinstance(exc, BackendError) and self.one_config and self._choice:
@@ -242,6 +247,13 @@ class ConfigManager(Generic[S]):
                 async with self._checked:
                     self._checks += 1
                     self._checked.notify_all()
+
+    async def _read_off_loop(self) -> tuple[Choice, LoadedConfig]:
+        """Read on the manager's worker thread (files may block), or a fresh thread
+        outside run()."""
+        if self._pool is None:
+            return await asyncio.to_thread(self._read)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._read)
 
     def _rejected_name(self) -> str:
         if self.one_config:  # the file keeps its name: the one in force
