@@ -7,7 +7,6 @@ every GPU until each answers a probe."""
 from __future__ import annotations
 
 import asyncio
-
 import dataclasses
 import os
 import time
