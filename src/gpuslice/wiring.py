@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from gpuslice.adapters.deviceplugin.dirlock import Holder, claim
+from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kubelet.dirlock import Holder, claim
-from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.options import (
     DEFAULT_MACHINE_TYPE_FILE,
@@ -67,8 +67,8 @@ from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
     from gpuslice.adapters.metrics import PrometheusMetrics
+    from gpuslice.adapters.podresources import PodResourcesClient
     from gpuslice.testing.configmap import write_configmap_volume
     from gpuslice.testing.kubelet import KubeletStandin
     from gpuslice.testing.kubelet.records import (
@@ -233,7 +233,7 @@ def mps_daemons(opts: RunOptions) -> MpsDaemons:
 async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
     """PodResources for holding back moved devices (services.holds), accounting or not:
     a short timeout, since the agent reads it before serving each config."""
-    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+    from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
     client = PodResourcesClient(opts.pod_resources_socket, checkpoint, timeout_s=2.0)
@@ -433,7 +433,7 @@ def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
     Nothing connects until the first sample: a missing socket fails samples, not the agent."""
     if not opts.accounting:
         return None
-    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+    from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
     return PodResourcesClient(opts.pod_resources_socket, checkpoint)

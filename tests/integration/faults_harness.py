@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from agent_harness import AgentLauncher, RunningAgent
 
+from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
+from gpuslice.adapters.deviceplugin.server import DevicePluginServer
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
-from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import PluginEndpoint

@@ -13,7 +13,7 @@ import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent
 
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+from gpuslice.adapters.podresources import PodResourcesClient
 from gpuslice.core.attribution import NO_POD, ContainerUsage
 from gpuslice.core.devices import physical_id
 from gpuslice.services.sampler import Sampler

@@ -18,7 +18,7 @@ from agent_harness import (
 )
 from conftest import Logged
 
-from gpuslice.adapters.kubelet.api import API_VERSION
+from gpuslice.adapters.deviceplugin.api import API_VERSION
 from gpuslice.core.resources import socket_name
 from gpuslice.core.response import Mount
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin

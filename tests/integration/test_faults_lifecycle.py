@@ -23,7 +23,7 @@ from agent_harness import (
 )
 from faults_harness import Census, FaultLauncher, no_leaks, summary_ms
 
-from gpuslice.adapters.kubelet.api import pb
+from gpuslice.adapters.deviceplugin.api import pb
 from gpuslice.core.resources import socket_name
 from gpuslice.testing.kubelet import KubeletStandin
 

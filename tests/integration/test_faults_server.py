@@ -28,8 +28,8 @@ from faults_harness import (
     summary_ms,
 )
 
-from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
-from gpuslice.adapters.kubelet.server import DevicePluginServer, ServerError
+from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
+from gpuslice.adapters.deviceplugin.server import DevicePluginServer, ServerError
 from gpuslice.core.ports import PluginEndpoint
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions

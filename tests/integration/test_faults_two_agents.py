@@ -26,8 +26,8 @@ from agent_harness import (
 from conftest import Logged
 from process_harness import AgentProcess, clean_env
 
+from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fake import load_spec
-from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.core.resources import build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings

@@ -1,5 +1,6 @@
-"""The hold service (services.holds) over the node's device state and a plugin manager: a GPU in use under another
-resource is held beside XID health (each keeps its own marks), released when its
+"""The hold service (services.holds) over the node's device state and a plugin manager:
+a GPU in use under another resource is held beside XID health (each keeps its own
+marks), released when its
 container is gone; a failing PodResources keeps the holds and is logged once; the
 periodic check runs on an injected sleep."""
 
