@@ -50,24 +50,28 @@ class Agent:
         AgentTaskFailed when a loop that follows the outside world ended.
         """
         node = self.node
-        first = await unless_stopped(self.desired.newer_than(0), stop)
-        if first is None:
-            await node.close()
-            return
-        generation, settings = first.result()
-        for warning in settings.warnings:
-            log.warning("config_warning", config=settings.shown, detail=warning)
         try:
-            await node.open()
-        except GpusliceError as exc:
-            if settings.fail_on_init_error:
-                self.desired.settle(generation, exc)
-                await node.close()
-                raise
-            log.error("backend_unavailable_waiting", error=str(exc), fail_on_init_error=False)
-            await self._accept_until(stop)
-            await node.close()
-            return
+            first = await unless_stopped(self.desired.newer_than(0), stop)
+            if first is None:
+                return
+            generation, settings = first.result()
+            for warning in settings.warnings:
+                log.warning("config_warning", config=settings.shown, detail=warning)
+            try:
+                await node.open()
+            except GpusliceError as exc:
+                if settings.fail_on_init_error:
+                    self.desired.settle(generation, exc)
+                    raise
+                log.error("backend_unavailable_waiting", error=str(exc), fail_on_init_error=False)
+                await self._accept_until(stop)
+                return
+            await self._serve_until(generation, settings, stop)
+        finally:
+            await node.close()  # whatever ended it, cancellation too
+
+    async def _serve_until(self, generation: int, settings: Settings, stop: asyncio.Event) -> None:
+        node = self.node
         try:
             async with node.running():
                 for front_end in self.front_ends:
@@ -88,7 +92,7 @@ class Agent:
         finally:
             for front_end in self.front_ends:
                 await front_end.stop()
-            await node.close()
+            await node.stop_daemons()
             log.info("agent_stopped")
 
     async def apply_settings(self, settings: Settings) -> None:

@@ -213,11 +213,14 @@ class NodeDevices:
             return
         await self.holds.run(lambda: (self.snapshot, self.resources))
 
+    async def stop_daemons(self) -> None:
+        """Stop the MPS daemons (after the front-ends stopped serving)."""
+        if self._mps is not None:
+            await self._mps.close()
+
     async def close(self) -> None:
-        """Stop the MPS daemons, close the backend and its worker thread."""
+        """Close the backend and its worker thread; again is a no-op."""
         try:
-            if self._mps is not None:
-                await self._mps.close()
             backend, self._backend = self._backend, None
             if backend is not None:
                 await self.call(backend.close)

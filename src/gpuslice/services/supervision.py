@@ -115,12 +115,14 @@ class Supervisor:
         budget: RestartBudget,
         timing: Timing,
         on_failed: OnFailed | None = None,
+        on_state: Callable[[State], None] | None = None,  # told each new state, at once
     ) -> None:
         self.name = name
         self.target = target
         self.state = State.NEW
         self._budget, self._timing = budget, timing
         self._on_failed = on_failed
+        self._on_state = on_state
         self._failures = FailureRun()
         self._step = 0  # the current step: a timer, or a subclass's call
         self._step_task: asyncio.Task[None] | None = None
@@ -233,6 +235,8 @@ class Supervisor:
         changed.set()
         if self._settles(state):
             self._settled.set()
+        if self._on_state is not None:
+            self._on_state(state)
 
     async def _restart(self) -> None:
         reason = await self._take_down()

@@ -58,17 +58,24 @@ class Clock:
         (await asyncio.wait_for(self._due.get(), 5)).set_result(None)
 
 
-def supervised(target: Target, clock: Clock, failed: list[str], restarts: int = 2) -> Supervisor:
+def supervised(
+    target: Target,
+    clock: Clock,
+    failed: list[str],
+    restarts: int = 2,
+    states: list[State] | None = None,
+) -> Supervisor:
     budget = RestartBudget(max_restarts=restarts, window_s=3600.0)
     return Supervisor(
         "nvidia.com/gpu", target, budget=budget, timing=clock.timing(),
         on_failed=lambda name, count, why: failed.append(f"{name} {count} {why}"),
+        on_state=None if states is None else states.append,
     )  # fmt: skip
 
 
 async def test_a_target_that_exits_is_started_again_after_its_backoff() -> None:
-    target, clock, failed = Target(), Clock(), []
-    sup = supervised(target, clock, failed)
+    target, clock, failed, states = Target(), Clock(), [], []
+    sup = supervised(target, clock, failed, states=states)
     await sup.start()
     assert sup.state is State.RUNNING
     target.exit()
@@ -78,6 +85,9 @@ async def test_a_target_that_exits_is_started_again_after_its_backoff() -> None:
     assert target.calls == ["start", "stop", "start"]
     await sup.stop()
     assert (sup.state, target.calls[-1], failed) == (State.STOPPED, "stop", [])
+    # what an owner holding the target's GPUs while it is not RUNNING is told, in order
+    assert states == [State.STARTING, State.RUNNING, State.BACKING_OFF, State.STARTING,
+                      State.RUNNING, State.STOPPED]  # fmt: skip
 
 
 async def test_starts_that_fail_spend_the_budget_and_then_it_gives_up() -> None:
