@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from gpuslice import __version__
 from gpuslice.config.flags import FLAGS, GfdEnv
 from gpuslice.core.errors import GpusliceError
+from gpuslice.entry import take_held_reload
 
 F = TypeVar("F", bound=Callable[..., Any])
 FLAG_PARAMS = {f.param: f.name for f in FLAGS}
@@ -258,6 +259,8 @@ async def _until_signalled(
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
+    if take_held_reload():  # one came while starting: it asked for a re-read too
+        reload.set()
     await serve(opts, stop, reload)
 
 

@@ -446,10 +446,12 @@ def accounting(
     hardware the backend knows its processes' pods; on a node, their cgroups under
     --proc-root do."""
     owners: ProcessOwners | None = None
+    kill = _kill  # simulated: the events file says which pod a PID is in
     if not opts.fake_hardware:
         from gpuslice.adapters.cgroups import CgroupOwners
 
-        owners = CgroupOwners(opts.proc_root)
+        cgroups = CgroupOwners(opts.proc_root)
+        owners, kill = cgroups, cgroups.kill
     events = cast(PodEvents, api) if hasattr(api, "record_pod_event") else None
 
     def build(devices: NodeDevices) -> tuple[Sampler, Watchdog | None]:
@@ -458,7 +460,7 @@ def accounting(
             opts.memory_budgets,
             lambda: devices.snapshot,
             hold=lambda held: devices.hold(held, by="watchdog"),
-            kill=_kill,
+            kill=kill,
             events=events,
             metrics=metrics,
         )

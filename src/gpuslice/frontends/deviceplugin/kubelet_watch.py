@@ -1,6 +1,6 @@
 """The kubelet's device-plugin directory, watched: kubelet.sock created again (a kubelet
 restart, which deletes every socket there) re-registers every resource; one of our
-sockets deleted serves that resource again."""
+sockets deleted or replaced serves that resource again."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ async def follow_kubelet(events: AsyncIterator[tuple[str, str]], manager: Plugin
     async for name, kind in events:
         if name == KUBELET_SOCKET and kind == "created":
             await manager.kubelet_restarted()
-        elif kind == "deleted":
-            # Its supervisor tells a lost socket from an older file of ours: a
+        else:  # deleted, or replaced (a file renamed over it)
+            # Its supervisor tells a lost or replaced socket from a file of ours: a
             # restart stops the old server (removing its socket) first.
             for res, handler in manager.handlers.items():
                 if handler.resource.socket_name == name:
