@@ -1,13 +1,13 @@
 """Keeps one served, registered endpoint per advertised resource.
 
 apply() touches only what changed: an unchanged resource keeps its server and
-registration, a changed one sends a new list, a vanished one is stopped (its
-socket removed), a new one is started and registered. Each resource has a
-Supervisor (its module: the node's supervision idiom plus registration) that owns
-its endpoint's lifecycle: kubelet restarts, deleted sockets, Register retries, and
-servers that fail, restarted within the restart budget (core.restart). When one resource spends its budget
-the manager gives up: `failed` is set and `error` says why, so the agent exits
-and Kubernetes restarts the pod, as upstream does.
+registration, a changed one sends a new list, a vanished one is stopped (its socket
+removed), a new one is started and registered. Each resource has a Supervisor (its
+module: the node's supervision idiom plus registration) that owns its endpoint's
+lifecycle: kubelet restarts, deleted sockets, Register retries, and servers that
+fail, restarted within the restart budget (core.restart). When one resource spends
+its budget the manager gives up: `failed` is set and `error` says why, so the agent
+exits and Kubernetes restarts the pod, as upstream does.
 """
 
 from __future__ import annotations
