@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -15,8 +17,9 @@ from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from gpuslice.adapters.deviceplugin.dirlock import Holder, claim
+from gpuslice.adapters.deviceplugin.dirlock import Holder, claim, directory_present
 from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
+from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.options import (
@@ -34,6 +37,7 @@ from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
+    ClaimDir,
     DirEvents,
     DirWatch,
     GpuBackend,
@@ -69,6 +73,7 @@ from gpuslice.services.watchdog import Watchdog
 if TYPE_CHECKING:
     from gpuslice.adapters.metrics import PrometheusMetrics
     from gpuslice.adapters.podresources import PodResourcesClient
+    from gpuslice.adapters.status_http import StatusServer
     from gpuslice.testing.configmap import write_configmap_volume
     from gpuslice.testing.kubelet import KubeletStandin
     from gpuslice.testing.kubelet.records import (
@@ -118,6 +123,9 @@ class Parts:
     watch: DirWatch | None  # the device-plugin directory's watch (None: not followed)
     plugin_dir: str
     restart_budget: RestartBudget | None = None  # None: upstream's (5 restarts an hour)
+    # Takes the device-plugin directory from a predecessor just before serving, and hands
+    # it to a successor on the way out (None: not claimed here, as in tests of parts).
+    claim_dir: ClaimDir | None = None
 
 
 def parts(opts: RunOptions, metrics: Metrics = NO_METRICS) -> Parts:
@@ -202,6 +210,7 @@ def device_plugin(
         watch=parts.watch,
         control_devices=control_devices(opts),
         budget=parts.restart_budget,
+        claim_dir=parts.claim_dir,
         metrics=metrics,
     )
 
@@ -365,7 +374,13 @@ def machine_type(opts: RunOptions, path: str) -> str | None:
 
 def lock_holder(opts: RunOptions) -> Holder:
     """Who this agent is, for another agent waiting on the device-plugin directory."""
-    return Holder(os.getpid(), opts.pod_name, opts.node_name, socket.gethostname())
+    return Holder(
+        os.getpid(),
+        opts.pod_name,
+        opts.node_name,
+        socket.gethostname(),
+        token=secrets.token_hex(8),
+    )
 
 
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
@@ -373,30 +388,51 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
     It serves once the device-plugin directory exists and no other agent holds it."""
     api = node_api(opts)
     try:
-        address = opts.status_address
-        metrics = prometheus_metrics(opts) if address else None
+        address, metrics_address = opts.status_address, opts.metrics_address
+        metrics = prometheus_metrics(opts) if address or metrics_address else None
         pods = pod_resources(opts)
         sampling = None if pods is None else accounting(opts, api, metrics or NO_METRICS, pods)
-        node = build_node(opts, api, metrics or NO_METRICS, accounting=sampling)
+        chosen = dataclasses.replace(
+            parts(opts, metrics or NO_METRICS),
+            claim_dir=lambda stop, waiting: _claim(opts, stop, waiting),
+        )
+        node = build_node(opts, api, metrics or NO_METRICS, chosen, accounting=sampling)
         async with contextlib.AsyncExitStack() as stack:
             if pods is not None:
                 stack.push_async_callback(pods.aclose)
-            if address:
-                from gpuslice.adapters.status_http import StatusServer
-
-                page = None
-                if metrics is not None:
-                    page = metrics.page
-                    _watch_node(metrics, node)
-                await stack.enter_async_context(StatusServer(address, node.readiness, page))
-            lock = await claim(opts.plugin_dir, lock_holder(opts), stop)
-            if lock is None:
-                return  # stopped while waiting for the directory or its lock
-            stack.callback(lock.release)
+            if metrics is not None:
+                _watch_node(metrics, node)
+            for server in _http_servers(address, metrics_address, node, metrics):
+                await stack.enter_async_context(server)
+            if not await directory_present(opts.plugin_dir, stop):
+                return  # stopped while waiting for the directory
             await node.run(stop, reload)
     finally:
         if api is not None:
             await api.aclose()
+
+
+def _http_servers(
+    address: str, metrics_address: str, node: Node, metrics: PrometheusMetrics | None
+) -> list[StatusServer]:
+    """The probes on `address`, with /metrics there too unless it has its own address."""
+    from gpuslice.adapters.status_http import METRICS_NAME, SharedRender, StatusServer
+
+    page = None if metrics is None else SharedRender(metrics.page, metrics.prepare)
+    servers = []
+    if address:
+        servers.append(StatusServer(address, node.readiness, None if metrics_address else page))
+    if metrics_address:
+        servers.append(StatusServer(metrics_address, None, page, name=METRICS_NAME))
+    return servers
+
+
+async def _claim(
+    opts: RunOptions, stop: asyncio.Event, waiting: Callable[[str], None]
+) -> DirClaim | None:
+    """The device-plugin directory, once no other agent holds it."""
+    lock = await claim(opts.plugin_dir, lock_holder(opts), stop, waiting)
+    return None if lock is None else DirClaim(lock)
 
 
 def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:

@@ -52,7 +52,8 @@ class RunOptions:
     kubeconfig: str = ""
     pod_name: str = ""
     labels: str = "auto"  # auto (when in a cluster), true or false
-    status_address: str = ""  # host:port of /healthz, /readyz, /metrics; empty: off
+    status_address: str = ""  # host:port of /healthz, /readyz (and /metrics); empty: off
+    metrics_address: str = ""  # host:port of /metrics alone; empty: on status_address
     pod_resources_socket: str = ""
     accounting: bool = True
     proc_root: str = ""
@@ -166,6 +167,7 @@ def resolve_options(
         pod_name=text("pod-name"),
         labels=text("labels"),
         status_address=text("status-address"),
+        metrics_address=text("metrics-address"),
         pod_resources_socket=text("pod-resources-socket"),
         accounting=bool(value("accounting")),
         proc_root=text("proc-root"),

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -144,9 +152,43 @@ class PluginEndpoint(Protocol):
         """Return why, once the server stopped serving on its own (call after start)."""
         ...
 
+    async def wait_listed(self) -> None:
+        """Return once the kubelet, since our last Register call, has opened ListAndWatch
+        and been sent the list (at once when we do not register)."""
+        ...
+
+    def release_socket(self) -> None:
+        """Remove our socket file but keep serving the connections already made (the
+        kubelet's), so that a successor can serve the same path; stop() still ends it."""
+        ...
+
+    async def wait_dropped(self) -> None:
+        """Return once the kubelet cancelled a ListAndWatch stream that we did not end
+        (it dropped the resource; call after start, again for the next one)."""
+        ...
+
     async def stop(self) -> None:
         """Stop serving and remove our socket; never raises for a server already down."""
         ...
+
+
+class DirectoryClaim(Protocol):
+    """The device-plugin directory, held by this agent alone until it hands it over."""
+
+    def serving(self) -> None:
+        """Say that every resource is registered (a predecessor may end its streams)."""
+        ...
+
+    async def hand_over(self) -> bool:
+        """Release it (our sockets already removed) and return once a successor that
+        took it serves, or at once when none does; True when one took over."""
+        ...
+
+    def release(self) -> None: ...
+
+
+# (stop, told who it waits for) -> the claim, or None when stopped first.
+ClaimDir = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[DirectoryClaim | None]]
 
 
 @dataclass(frozen=True)
@@ -396,8 +438,9 @@ class FrontEnd(Protocol):
     It is given the NodeState when it is built, and reports back through `ready`,
     `status`, `failed` and `error`. The agent calls `start` once, then `prepare` with each
     new hardware snapshot and settings (before they are committed) and the step it returns
-    once they are, `run` beside them after the first step, and `stop` at the end (also
-    after a failed start or first step).
+    once they are, `run` beside them after the first step, `stop` at the end (also after
+    a failed start or first step) and, once the node's daemons are stopped, `release`.
+    `start` may wait (for a predecessor to let go); the agent cancels it on a stop.
     """
 
     @property
@@ -440,6 +483,11 @@ class FrontEnd(Protocol):
     async def stop(self) -> None:
         """Stop serving, remove what it created for the kubelet (sockets, ...) and stop
         following the outside world."""
+        ...
+
+    def release(self) -> None:
+        """The last call, once the node's daemons are stopped too: let go of what a
+        successor waits for (the device-plugin directory's claim)."""
         ...
 
 

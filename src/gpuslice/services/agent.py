@@ -74,8 +74,11 @@ class Agent:
         node = self.node
         try:
             async with node.running():
-                for front_end in self.front_ends:
-                    await front_end.start()
+                for front_end in self.front_ends:  # one may wait for a predecessor
+                    started = await unless_stopped(front_end.start(), stop)
+                    if started is None:
+                        return
+                    started.result()  # raises what the start did
                 await self._serve_first(generation, settings)
                 async with node.watching_health():
                     self.ready.set()
@@ -93,6 +96,8 @@ class Agent:
             for front_end in self.front_ends:
                 await front_end.stop()
             await node.stop_daemons()
+            for front_end in self.front_ends:
+                front_end.release()  # a successor may serve now, while we close the rest
             log.info("agent_stopped")
 
     async def apply_settings(self, settings: Settings) -> None:

@@ -64,13 +64,15 @@ class Node:
             self.sampler, self.watchdog = deps.accounting(self.devices)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready once every front-end serves and is known to the kubelet; details say why
-        not, and which config is in force (a rejected one is reported here too)."""
+        """Ready once every front-end serves and is known to the kubelet, or waits to take
+        over from a predecessor (a `waiting` detail); details say why not, and which config
+        is in force (a rejected one is reported here too)."""
         front_ends = self.agent.front_ends
-        ready = self.agent.ready.is_set() and all(f.ready() for f in front_ends)
         details: dict[str, Any] = {}
         for front_end in front_ends:
             details.update(front_end.status())
+        started = self.agent.ready.is_set() or "waiting" in details
+        ready = started and all(f.ready() for f in front_ends)
         if self.devices.unavailable is not None:
             details["backend"] = self.devices.unavailable
         if not self.manager.one_config:

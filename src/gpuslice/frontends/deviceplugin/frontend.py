@@ -1,7 +1,13 @@
 """The device-plugin front-end (core.ports.FrontEnd): the node's devices as resources
 (core.resources.build_resources: MIG strategy, replicas, renames, per-GPU placement),
 one served and registered endpoint per resource (manager.PluginManager), NVLink topology
-for preferred allocations, and the kubelet's directory followed (kubelet_watch)."""
+for preferred allocations, and the kubelet's directory followed (kubelet_watch).
+
+In a rolling update the device-plugin directory passes from agent to agent
+(adapters.deviceplugin.handover): `start` takes it once a predecessor lets go (ready to
+take over meanwhile), `run` says when every list reached the kubelet, and `stop` keeps
+the kubelet's streams open until a successor serves, unless MPS daemons run (a successor
+would start its own: never side by side); `release` lets go once they are stopped."""
 
 from __future__ import annotations
 
@@ -14,7 +20,15 @@ import structlog
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS, ResourceState
-from gpuslice.core.ports import DirWatch, FrontEndStep, Metrics, NodeState
+from gpuslice.core.ports import (
+    ClaimDir,
+    DevicePlan,
+    DirectoryClaim,
+    DirWatch,
+    FrontEndStep,
+    Metrics,
+    NodeState,
+)
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.settings import Settings
@@ -26,6 +40,7 @@ from gpuslice.frontends.deviceplugin.supervisor_events import State
 log = structlog.get_logger("gpuslice.agent")
 
 NAME = "device-plugin"
+LISTED_S = 5.0  # how long a successor waits for the kubelet's streams before saying it serves
 
 
 class DevicePluginFrontEnd:
@@ -38,11 +53,16 @@ class DevicePluginFrontEnd:
         watch: DirWatch | None = None,  # None: no kubelet-restart detection (tests of parts)
         control_devices: Iterable[str] = (),
         budget: RestartBudget | None = None,  # None: upstream's (5 restarts an hour)
+        claim_dir: ClaimDir | None = None,  # None: the directory is not claimed here
         metrics: Metrics = NO_METRICS,
     ) -> None:
         self._node = node
         self._plugin_dir = plugin_dir
         self._watch = watch
+        self._claim_dir = claim_dir
+        self._claim: DirectoryClaim | None = None
+        self._plan: DevicePlan | None = None  # the last served
+        self.waiting_for: str | None = None  # the predecessor holding the directory, if any
         self.manager = PluginManager(
             endpoint_factory, control_devices=control_devices, budget=budget, metrics=metrics
         )
@@ -65,6 +85,9 @@ class DevicePluginFrontEnd:
             self._events = await self._stack.enter_async_context(
                 self._watch(self._plugin_dir, None)
             )
+        if self._claim_dir is not None:  # last: the instant a predecessor lets go, serve
+            self._claim = await self._claim_dir(asyncio.Event(), self._waiting)
+            self.waiting_for = None
 
     def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
         resources = build_resources(snapshot, settings.resources)  # raises HardwareError
@@ -74,6 +97,7 @@ class DevicePluginFrontEnd:
 
         async def step() -> None:
             await self._node.provide(plan)
+            self._plan = plan
             topology = Topology.from_snapshot(snapshot)
             await self.manager.apply(resources, settings.allocate, topology)
             if not resources:
@@ -82,16 +106,28 @@ class DevicePluginFrontEnd:
         return step
 
     async def run(self) -> None:
-        if self._events is None:
-            await asyncio.Event().wait()  # nothing to follow: until cancelled
-        else:
-            await follow_kubelet(self._events, self.manager)
+        serving = None if self._claim is None else asyncio.create_task(self._say_serving())
+        try:
+            if self._events is None:
+                await asyncio.Event().wait()  # nothing to follow: until cancelled
+            else:
+                await follow_kubelet(self._events, self.manager)
+        finally:
+            if serving is not None:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
 
     def ready(self) -> bool:
-        return all(self.manager.registered().values())
+        return self.waiting_for is not None or all(self.manager.registered().values())
 
     def status(self) -> Mapping[str, object]:
-        return {"resources": self.manager.registered()}
+        status: dict[str, object] = {"resources": self.manager.registered()}
+        if self.waiting_for is not None:  # a successor in a rolling update
+            status["waiting"] = (
+                f"for the agent serving the device-plugin directory now ({self.waiting_for}) "
+                "to stop; this one serves the instant it does"
+            )
+        return status
 
     def resource_states(self) -> tuple[ResourceState, ...]:
         """What each resource advertises and whether it is registered (for /metrics)."""
@@ -119,6 +155,29 @@ class DevicePluginFrontEnd:
 
     async def stop(self) -> None:
         try:
-            await self.manager.stop()
+            claim = self._claim
+            if claim is not None and not (self._plan is not None and self._plan.daemons):
+                # Serve on until a successor has registered (MPS daemons, which a
+                # successor would start again, are never run side by side).
+                self.manager.release_sockets()
+                await claim.hand_over()
+                self._claim = None
+            await self.manager.stop()  # every stream ended, every socket removed
         finally:
             await self._stack.aclose()
+
+    def release(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:  # a successor may serve now
+            claim.release()
+
+    async def _say_serving(self) -> None:
+        """Once the kubelet reads every list from us (LISTED_S at most), say so to a
+        predecessor waiting to end its streams."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.manager.listed(), LISTED_S)
+        if self._claim is not None:
+            self._claim.serving()
+
+    def _waiting(self, holder: str) -> None:
+        self.waiting_for = holder

@@ -2,15 +2,17 @@
 (services.supervision) with the kubelet's registration after each start.
 
     NEW --start--> STARTING --served--> REGISTERING --done--> REGISTERED
-                     |   ^                  | failed              |
-                     |   |                  v                     |
-      cannot start / |   +--- restart --- SERVING (retry due) <---+ kubelet restarted,
-      server down    v                                              socket deleted
+                     |   ^                  | failed              |  ^ stream
+                     |   |                  v                     |  | dropped:
+      cannot start / |   +--- restart --- SERVING (retry due) <---+  | register
+      server down    v                                              kubelet restarted,
+                                                                    socket deleted
                  BACKING_OFF --budget spent--> FAILED
     socket served by another plugin: BLOCKED until it goes;  stop: STOPPED
 
-A Register call runs beside the supervisor, as its timers and the server's crash watch
-do, and only posts an event tagged with its step; a restart never waits on it.
+A Register call runs beside the supervisor, as its timers, the server's crash watch and
+the watch of streams the kubelet cancels do, and only posts an event tagged with its step
+or server incarnation; a restart never waits on it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gpuslice.frontends.deviceplugin.supervisor_events import (
     RegisterFailed,
     SocketDeleted,
     State,
+    StreamDropped,
     TimerDue,
     Timing,
 )
@@ -62,6 +65,7 @@ class Supervisor(supervision.Supervisor):
         self._counters = counters
         self._attempts = 0  # Register calls failed in a row
         self._blocked = 0  # looks at a socket another plugin serves, in a row
+        self._watch_drops: asyncio.Task[None] | None = None
 
     async def _handle_more(self, event: object) -> None:
         state = self.state
@@ -76,6 +80,14 @@ class Supervisor(supervision.Supervisor):
                 return  # an older socket file of ours: ours is in place
             if state in UP or state is State.BLOCKED:
                 await self._restart()
+        elif isinstance(event, StreamDropped):
+            # The kubelet serving now dropped us (an older stream of the resource ended
+            # after we registered): register again at once. A kubelet restart, which
+            # ends every stream too, is left to KubeletRestarted.
+            mine = event.incarnation == self._incarnation and state is State.REGISTERED
+            if mine and self.endpoint.current():
+                log.warning("stream_dropped_registering_again", resource=self.name)
+                await self._register()
         elif isinstance(event, RegisterDone) and event.step == self._step:
             if state is State.REGISTERING:
                 self._attempts = 0
@@ -111,7 +123,20 @@ class Supervisor(supervision.Supervisor):
         if self._blocked:
             log.info("plugin_socket_free", resource=self.name)
             self._blocked = 0
+        self._watch_drops = asyncio.create_task(self._dropped(self._incarnation))
         await self._register()
+
+    async def _take_down(self) -> str | None:
+        drops, self._watch_drops = self._watch_drops, None
+        if drops is not None:
+            drops.cancel()
+            await asyncio.gather(drops, return_exceptions=True)
+        return await super()._take_down()
+
+    async def _dropped(self, incarnation: int) -> None:
+        while True:
+            await self.endpoint.wait_dropped()
+            self._post(StreamDropped(incarnation))
 
     def _failed(self, reason: str, failures: int, retry_in_s: float | None) -> None:
         self._counters.server_failures += 1

@@ -30,6 +30,7 @@ __all__ = [
     "Start",
     "State",
     "Stop",
+    "StreamDropped",
     "TimerDue",
     "Timing",
 ]
@@ -41,6 +42,13 @@ class KubeletRestarted: ...
 
 @dataclass(frozen=True)
 class SocketDeleted: ...
+
+
+@dataclass(frozen=True)
+class StreamDropped:
+    """The kubelet cancelled a ListAndWatch stream of this server: it dropped the resource."""
+
+    incarnation: int
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ Event = (
     | SocketDeleted
     | Stop
     | ServerDown
+    | StreamDropped
     | RegisterDone
     | RegisterFailed
     | TimerDue
