@@ -383,6 +383,7 @@ class ConfigManager(Generic[S]):
             self._poke(cause)
 
     async def _reload_on(self, reload: asyncio.Event) -> None:
+        await self.ready.wait()  # one asked for while the first config is applied: after it
         while True:
             await reload.wait()
             reload.clear()

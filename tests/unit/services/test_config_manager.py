@@ -475,6 +475,27 @@ async def test_reload_rereads_what_no_watch_reported(
     assert [a.replicas for a in applier.applied] == [2, 3, 4]
 
 
+async def test_a_reload_asked_for_while_the_first_config_is_applied_is_read_after_it(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier
+) -> None:
+    """A SIGHUP that comes while the agent still serves the first config (a process
+    signalled right after its start) is neither lost nor refused: read once it is."""
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, silent_watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    applier.hold = asyncio.Event()
+    sighup = asyncio.Event()
+    async with running(manager, sighup) as task:
+        await asyncio.wait_for(applier.entered.wait(), WITHIN_S)  # the first apply runs
+        configmap.write({"ts": timeslicing(3)})
+        sighup.set()
+        applier.hold.set()
+        await started(manager, task)
+        assert (await applier.next()).replicas == 2
+        assert (await applier.next()).replicas == 3
+    assert [a.replicas for a in applier.applied] == [2, 3]
+
+
 async def test_bad_config_at_start_is_raised_and_recorded(
     node: FakeNode, configmap: MountedConfigMap, applier: Applier, watch: DirWatch
 ) -> None:
