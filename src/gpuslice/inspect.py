@@ -8,8 +8,9 @@ from typing import Any
 from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
-from gpuslice.wiring import machine_type, open_backend, plugin_settings
+from gpuslice.core.mps import plan_serving
+from gpuslice.core.resources import Resource, unmatched_rule_warnings
+from gpuslice.wiring import machine_type, open_backend, plugin_settings, toolkit_problem
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
@@ -23,7 +24,10 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         snapshot = backend.snapshot()
     finally:
         backend.close()
-    resources = build_resources(snapshot, cfg.resources)
+    pinned = opts.mps_pinned_memory_limit_mib
+    resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
+        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned
+    )
     machine = machine_type(opts, cfg.labels.machine_type_file)
     labelled = label_node(snapshot, cfg.resources, machine=machine)
     return {
@@ -55,6 +59,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         "config": loaded.source or "(defaults)",
         "warnings": [
             *cfg.warnings,
+            *filter(None, [toolkit_problem(opts, cfg.allocate)]),
             *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
             *labelled.warnings,
         ],

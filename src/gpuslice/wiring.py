@@ -10,11 +10,14 @@ import dataclasses
 import importlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from gpuslice.adapters.deviceplugin.dirlock import Holder, claim, directory_present
@@ -32,7 +35,7 @@ from gpuslice.config.options import (
 )
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.config.v1 import Config
-from gpuslice.core.cdi import EXTRA_NODES
+from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.metrics import NO_METRICS
@@ -49,6 +52,7 @@ from gpuslice.core.ports import (
     PodResources,
     ProcessOwners,
 )
+from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.settings import LabelSettings
 from gpuslice.frontends.deviceplugin import DevicePluginFrontEnd, EndpointFactory, ResourceHandler
@@ -257,10 +261,24 @@ def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
     reload may switch to a cdi-* strategy, and writes nothing under the others."""
     if not opts.cdi_spec_dir:
         return None
-    from gpuslice.adapters.cdi_file import CdiSpecDir, present_nodes
+    from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, present_nodes
 
     extra = {} if opts.fake_hardware else {k: present_nodes(v) for k, v in EXTRA_NODES.items()}
-    return CdiSpecs(CdiSpecDir(opts.cdi_spec_dir), control_devices=control, extra_nodes=extra)
+    return CdiSpecs(
+        CdiSpecDir(opts.cdi_spec_dir),
+        control_devices=control,
+        extra_nodes=extra,
+        find_toolkit=partial(find_toolkit_devices, opts.cdi_spec_dir),
+    )
+
+
+def toolkit_problem(opts: RunOptions, allocate: AllocateOptions) -> str | None:
+    """Under a cdi-* strategy: why the NVIDIA Container Toolkit's spec is not found."""
+    if not opts.cdi_spec_dir or not uses_cdi(allocate):
+        return None
+    from gpuslice.adapters.cdi_file import find_toolkit_devices
+
+    return find_toolkit_devices(opts.cdi_spec_dir).problem
 
 
 def node_api(opts: RunOptions) -> NodeApi | None:
@@ -386,16 +404,20 @@ def lock_holder(opts: RunOptions) -> Holder:
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
     """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked.
     It serves once the device-plugin directory exists and no other agent holds it."""
+    own_dir = None
+    if not opts.kubelet_socket:  # not registering: nothing of the kubelet's is used
+        own_dir = tempfile.mkdtemp(prefix="gpuslice-plugins-")
+        opts = dataclasses.replace(opts, own_plugin_dir=own_dir)
     api = node_api(opts)
     try:
         address, metrics_address = opts.status_address, opts.metrics_address
         metrics = prometheus_metrics(opts) if address or metrics_address else None
         pods = pod_resources(opts)
         sampling = None if pods is None else accounting(opts, api, metrics or NO_METRICS, pods)
-        chosen = dataclasses.replace(
-            parts(opts, metrics or NO_METRICS),
-            claim_dir=lambda stop, waiting: _claim(opts, stop, waiting),
-        )
+        chosen = parts(opts, metrics or NO_METRICS)
+        if own_dir is None:  # the node's directory: one agent at a time
+            claim_dir: ClaimDir = lambda stop, waiting: _claim(opts, stop, waiting)  # noqa: E731
+            chosen = dataclasses.replace(chosen, claim_dir=claim_dir)
         node = build_node(opts, api, metrics or NO_METRICS, chosen, accounting=sampling)
         async with contextlib.AsyncExitStack() as stack:
             if pods is not None:
@@ -404,12 +426,14 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
                 _watch_node(metrics, node)
             for server in _http_servers(address, metrics_address, node, metrics):
                 await stack.enter_async_context(server)
-            if not await directory_present(opts.plugin_dir, stop):
+            if own_dir is None and not await directory_present(opts.plugin_dir, stop):
                 return  # stopped while waiting for the directory
             await node.run(stop, reload)
     finally:
         if api is not None:
             await api.aclose()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def _http_servers(
@@ -536,7 +560,9 @@ def labels_node(opts: RunOptions, api: NodeApi | None) -> LabelsNode:
         return ConfigManager(NoCluster(), opts.node_name, entries, to_settings, apply, label=None)
 
     devices = NodeDevices(lambda: open_backend(opts))
-    return LabelsNode(devices, manager, label_output(opts, api, first.labels), first)
+    output = label_output(opts, api, first.labels)
+    pinned = opts.mps_pinned_memory_limit_mib
+    return LabelsNode(devices, manager, output, first, pinned_limit_mib=pinned)
 
 
 async def run_labels(

@@ -62,9 +62,14 @@ class RunOptions:
     memory_budget_policy: Policy = Policy.REPORT
     mps_control_binary: str = ""
     mps_pinned_memory_limit_mib: int = 0
+    # With --kubelet-socket "" (do not register): a private directory of this process
+    # for the plugin sockets, so the node's device-plugin directory is never touched.
+    own_plugin_dir: str | None = None
 
     @property
     def plugin_dir(self) -> str:
+        if not self.kubelet_socket and self.own_plugin_dir:
+            return self.own_plugin_dir
         return os.path.dirname(self.kubelet_socket) or DEFAULT_PLUGIN_DIR
 
     @property

@@ -420,11 +420,12 @@ class NodeState(Protocol):
         MIG-enabled GPU, too many clients)."""
         ...
 
-    async def provide(self, plan: DevicePlan) -> None:
+    async def provide(self, plan: DevicePlan) -> AllocateOptions:
         """Make `plan` true before its resources are served, for every front-end's
         resources together: holds on devices still in use under another resource
         (by "moved"), the CDI specs, the MPS daemons (whose GPUs are held by "mps" while
-        a daemon does not answer)."""
+        a daemon does not answer). Returns the allocate options to serve with (CDI adds
+        the NVIDIA Container Toolkit's device names)."""
         ...
 
     async def call(self, fn: Callable[[], T]) -> T:

@@ -45,6 +45,7 @@ from gpuslice.core.selection import (
     choose_config,
 )
 from gpuslice.services.config_source import Entries, EntrySource
+from gpuslice.services.off_loop import read_config
 
 log = structlog.get_logger("gpuslice.config")
 
@@ -264,11 +265,9 @@ class ConfigManager(Generic[S]):
                     self._checked.notify_all()
 
     async def _read_off_loop(self) -> tuple[Choice, LoadedConfig]:
-        """Read on the manager's worker thread (files may block), or a fresh thread
-        outside run()."""
-        if self._pool is None:
-            return await asyncio.to_thread(self._read)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._read)
+        """Read on the manager's worker thread (files may block; a fresh thread outside
+        run()), bounded in time (services.off_loop)."""
+        return await read_config(self._read, executor=self._pool)
 
     def _rejected_name(self) -> str:
         if self.one_config:  # the file keeps its name: the one in force

@@ -18,6 +18,7 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.mps import plan_serving
 from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.config_manager import ConfigManager
@@ -37,11 +38,14 @@ class LabelsNode:
         config: Callable[[Apply], ConfigManager[Settings]],
         labels: LabelOptions,
         first: Settings,
+        *,
+        pinned_limit_mib: int = 0,  # --mps-pinned-memory-limit, as `run` checks it
     ) -> None:
         self.devices = devices
         self.manager = config(self._apply)
         self._first = first
-        self._resources = first.resources
+        self._settings = first
+        self._pinned = pinned_limit_mib
         self._backend = False
         self.labeller = Labeller(
             snapshot_labels(self._read, machine=labels.machine),
@@ -73,12 +77,17 @@ class LabelsNode:
             await self.devices.close()
 
     async def _apply(self, settings: Settings) -> None:
-        self._resources = settings.resources
+        self._settings = settings
 
     async def _read(self) -> tuple[HardwareSnapshot, ResourceSettings]:
+        settings = self._settings
         if not self._backend:
-            return NO_GPUS, self._resources
-        return await self.devices.read(), self._resources
+            return NO_GPUS, settings.resources
+        snapshot = await self.devices.read()
+        # what `run` refuses on this hardware is not labelled either (HardwareError)
+        mps_root = settings.allocate.mps_root
+        plan_serving(snapshot, settings.resources, mps_root, pinned_limit_mib=self._pinned)
+        return snapshot, settings.resources
 
     async def _reread(self) -> None:
         await self.manager.reload()  # a refused config is logged; the last good one stays

@@ -16,10 +16,8 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 
-from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.mps import DaemonPlan, plan_daemons
+from gpuslice.core.mps import DaemonPlan
 from gpuslice.core.ports import MpsControl, MpsError
-from gpuslice.core.resources import Resource
 from gpuslice.core.restart import FailureRun, RestartBudget, after_failure
 
 log = structlog.get_logger("gpuslice.mps")
@@ -113,14 +111,6 @@ class MpsDaemons:
         self.clock, self.sleep = clock, sleep
         self.daemons: dict[str, _Daemon] = {}
         self._hold: Hold | None = None
-
-    def plan(
-        self, snapshot: HardwareSnapshot, resources: Iterable[Resource], mps_root: str
-    ) -> tuple[DaemonPlan, ...]:
-        """The daemons `resources` need; raises HardwareError (nothing started)."""
-        return plan_daemons(
-            resources, snapshot.gpus, mps_root, pinned_limit_mib=self.pinned_limit_mib
-        )
 
     async def apply(self, plans: Iterable[DaemonPlan], hold: Hold) -> None:
         """Run exactly the daemons of `plans` (a changed plan restarts its daemon)."""

@@ -79,6 +79,9 @@ class Node:
             details["config"] = self.manager.status.as_dict()
         elif self.manager.rejected is not None:  # one config file, re-read on SIGHUP
             details["config"] = {"ok": False, "detail": self.manager.rejected}
+        cdi_problem = self.devices.cdi_problem
+        if cdi_problem is not None:  # reported, still ready
+            details["cdi"] = {"ok": False, "detail": cdi_problem}
         if self.labeller is not None:  # reported, never a reason to be unready
             details["labels"] = self.labeller.status()
         return ready, details

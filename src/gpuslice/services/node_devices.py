@@ -23,6 +23,7 @@ import structlog
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
 from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.mps import plan_daemons
 from gpuslice.core.ports import (
     DevicePlan,
     GpuBackend,
@@ -31,6 +32,7 @@ from gpuslice.core.ports import (
     UnhealthyListener,
 )
 from gpuslice.core.resources import Resource
+from gpuslice.core.response import AllocateOptions
 from gpuslice.core.settings import Settings
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.health_monitor import HealthMonitor
@@ -163,22 +165,30 @@ class NodeDevices:
         settings: Settings,
         resources: Sequence[Resource],
     ) -> DevicePlan:
-        mps = self._mps
-        daemons = mps.plan(snapshot, resources, settings.allocate.mps_root) if mps else ()
+        mps, root = self._mps, settings.allocate.mps_root
+        pinned = mps.pinned_limit_mib if mps else 0
+        daemons = plan_daemons(resources, snapshot.gpus, root, pinned_limit_mib=pinned)
         return DevicePlan(by, tuple(resources), settings.allocate, daemons)
 
-    async def provide(self, plan: DevicePlan) -> None:
+    @property
+    def cdi_problem(self) -> str | None:
+        """Why the NVIDIA Container Toolkit's CDI devices are not named (cdi-* only)."""
+        return None if self._cdi is None else self._cdi.toolkit_problem
+
+    async def provide(self, plan: DevicePlan) -> AllocateOptions:
         self._served[plan.by] = plan
         plans = tuple(self._served.values())
         resources = self.resources
         if self.holds is not None:  # before the new lists go out
             await self.holds.check(self.snapshot, resources)
+        allocate = plan.allocate
         if self._cdi is not None:  # before the kubelet can allocate a new device
-            await self._cdi.apply(resources, plan.allocate)  # one settings for all
+            allocate = await self._cdi.apply(resources, allocate)  # one settings for all
         if self._mps is not None:  # an MPS resource is served only while its daemon answers
             await self._mps.apply([d for p in plans for d in p.daemons], self.hold)
         if self.monitor is not None:
             self.monitor.set_hardware(self.snapshot, resources)
+        return allocate
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

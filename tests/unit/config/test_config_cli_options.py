@@ -45,7 +45,8 @@ def test_each_command_takes_only_its_own_env_vars_and_types_every_setting() -> N
          'gpuslice: error: --kube-api-qps: got "fast"; expected a number of 0 or more, '
          "such as 5 or 2.5"),
         (["run"], {"KUBE_API_BURST": "many"},
-         'gpuslice: error: env KUBE_API_BURST: got "many"; expected an integer of 0 or more'),
+         'gpuslice: error: env KUBE_API_BURST: got "many"; expected an integer from 0 to '
+         "2147483647"),
         (["run", "--fallback-strategies", "nmaed"], {},
          'gpuslice: error: --fallback-strategies: got "nmaed"; expected one of named, single, '
          "empty (did you mean named?)"),

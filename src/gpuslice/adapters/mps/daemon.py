@@ -9,6 +9,7 @@ import contextlib
 import os
 from collections.abc import Sequence
 
+from gpuslice.adapters.outside_files import own_dir, read_text
 from gpuslice.core.mps import DaemonPlan
 from gpuslice.core.ports import MpsError
 
@@ -25,11 +26,15 @@ class ControlDaemon:
 
     def prepare_dirs(self) -> None:
         """Pipe and log directories (0755, traversable by any UID) and the shared-memory
-        directory (1777, as /dev/shm) of this resource."""
-        for path in (self.plan.pipe_dir, self.plan.log_dir, self.plan.shm_dir):
-            os.makedirs(path, mode=0o755, exist_ok=True)
-        os.chmod(self.plan.pipe_dir, 0o755)  # noqa: S103 - clients of any UID
-        os.chmod(self.plan.shm_dir, 0o1777)  # noqa: S103 - as /dev/shm
+        directory (1777, as /dev/shm) of this resource. Each must be a directory of this
+        process's user, not a symlink: a mode is never set through a link. Raises
+        MpsError."""
+        wanted = ((self.plan.pipe_dir, 0o755), (self.plan.log_dir, 0o755))
+        try:
+            for path, mode in (*wanted, (self.plan.shm_dir, 0o1777)):
+                own_dir(path, mode)
+        except OSError as exc:
+            raise MpsError(f"MPS directory of {self.plan.resource}: {exc}") from None
 
     async def start(self) -> None:
         """Start the daemon and set its limits; raises MpsError unless it answers them."""
@@ -71,8 +76,8 @@ class ControlDaemon:
     def pid(self) -> int | None:
         """The daemon's pid while it runs."""
         try:
-            with open(os.path.join(self.plan.pipe_dir, PID_FILE), encoding="ascii") as f:
-                pid = int(f.read().strip())
+            path = os.path.join(self.plan.pipe_dir, PID_FILE)
+            pid = int(read_text(path, limit=64, follow=False).strip())
             _check_running(pid)
         except (OSError, ValueError):
             return None
@@ -107,10 +112,19 @@ class ControlDaemon:
         try:
             out, _ = await asyncio.wait_for(proc.communicate(stdin.encode()), COMMAND_TIMEOUT_S)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await _kill(proc)
             raise MpsError(f"{self._name} did not answer within {COMMAND_TIMEOUT_S:g}s") from None
+        except BaseException:  # the agent stops: the command is not left on the host
+            await asyncio.shield(_kill(proc))
+            raise
         return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()
 
 
 async def _gone(pid: int) -> None:

@@ -96,10 +96,10 @@ class DevicePluginFrontEnd:
             log.warning("hardware_layout_warning", detail=warning)
 
         async def step() -> None:
-            await self._node.provide(plan)
+            allocate = await self._node.provide(plan)
             self._plan = plan
             topology = Topology.from_snapshot(snapshot)
-            await self.manager.apply(resources, settings.allocate, topology)
+            await self.manager.apply(resources, allocate, topology)
             if not resources:
                 log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
 
