@@ -25,21 +25,24 @@ from lightkube import AsyncClient, KubeConfig
 from bench.harness import MS, Figure, Target, now, percentile
 from bench.plan import Plan
 from bench.rigs import scratch
-from gpuslice.adapters.cdi_claims import ClaimSpecDir
+from gpuslice.adapters.deviceplugin.api import unix_target
+from gpuslice.adapters.dra.checkpoint import ClaimCheckpointFile
+from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
+from gpuslice.adapters.dra.server import DraServer
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.kube.dra_api import KubeDraApi
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as dra
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as dra_grpc
-from gpuslice.adapters.kubelet.api import unix_target
-from gpuslice.adapters.kubelet.dra_checkpoint import ClaimCheckpointFile
-from gpuslice.adapters.kubelet.dra_server import DraServer
-from gpuslice.config.settings import Settings
+from gpuslice.config.options import resolve_options
+from gpuslice.config.settings import load_config
+from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
+from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
-from gpuslice.wiring import RunOptions, settings
+from gpuslice.wiring import plugin_settings
 
 FIGURES = (
     "dra_prepare_1_p50",
@@ -54,26 +57,6 @@ BLOCK = 10
 NOOP = "no-op NodePrepareResources on an identical grpc.aio server"
 
 
-class Health:
-    """The node's unhealthy set with a generation (the part of the node state DRA reads)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.unhealthy: frozenset[str] = frozenset()
-        self.generation = 0
-        self._cond = asyncio.Condition()
-
-    async def mark(self, *uuids: str) -> None:
-        async with self._cond:
-            self.unhealthy, self.generation = frozenset(uuids), self.generation + 1
-            self._cond.notify_all()
-
-    async def wait_changed(self, seen: int) -> int:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.generation != seen)
-        return self.generation
-
-
 class _Noop(dra_grpc.DRAPluginServicer):
     def __init__(self) -> None:
         self.answer = dra.NodePrepareResourcesResponse()
@@ -83,11 +66,13 @@ class _Noop(dra_grpc.DRAPluginServicer):
 
 
 @contextlib.asynccontextmanager
-async def dra_rig(work: str) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, Health, Any]]:
-    backend = FakeBackend.from_spec("dgx-a100")
-    snapshot = backend.snapshot()
-    backend.close()
-    health = Health(settings(RunOptions()))
+async def dra_rig(
+    work: str,
+) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, NodeDevices, HardwareSnapshot]]:
+    node = NodeDevices(lambda: FakeBackend.from_spec("dgx-a100"))
+    await node.open()
+    options = resolve_options({})
+    node.commit(await node.read(), plugin_settings(load_config(options), options))
     async with FakeApiServer() as api:
         config = KubeConfig.from_file(write_kubeconfig(Path(work), api.url))
         client = AsyncClient(config=config, trust_env=False)
@@ -97,21 +82,22 @@ async def dra_rig(work: str) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, 
         specs = ClaimSpecDir(os.path.join(work, "cdi"))
         checkpoint = ClaimCheckpointFile(plugin_dir)
         driver = DraDriver(
-            node=NODE, opts=opts, view=health, api=kube, checkpoint=checkpoint, specs=specs
+            node=NODE, opts=opts, view=node, api=kube, checkpoint=checkpoint, specs=specs
         )
         endpoint = DraServer(driver, registry_dir=os.path.join(work, "reg"), plugin_dir=plugin_dir)
-        frontend = DraFrontEnd(health, driver, SlicePublisher(kube, node=NODE, opts=opts), endpoint)
+        frontend = DraFrontEnd(node, driver, SlicePublisher(kube, node=NODE, opts=opts), endpoint)
         await frontend.start()
-        await frontend.prepare(snapshot, health.settings)()
+        await frontend.prepare(node.snapshot, node.settings)()
         task = asyncio.create_task(frontend.run())
         try:
             await api.wait_for(lambda s: len(s.dra.node_devices(NODE)) == 8)
-            yield api, frontend, health, snapshot
+            yield api, frontend, node, node.snapshot
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await client.close()
+            await node.close()
 
 
 async def prepare_figures(plan: Plan, size: int) -> list[Figure]:
@@ -187,7 +173,7 @@ async def publish_figure(plan: Plan) -> Figure:
     flips = max(plan.restarts, 3)
     values: list[float] = []
     with scratch() as work:
-        async with dra_rig(work) as (api, frontend, health, snapshot):
+        async with dra_rig(work) as (api, frontend, node, snapshot):
             first = frontend.driver.devices
             for _ in range(plan.trials):
                 samples = []
@@ -195,10 +181,10 @@ async def publish_figure(plan: Plan) -> Figure:
                     gpu = snapshot.gpus[i % 8]
                     name = next(d.name for d in first.values() if d.uuid == gpu.uuid)
                     t0 = now()
-                    await health.mark(gpu.uuid)
+                    node.health_changed(frozenset({gpu.uuid}))
                     await api.wait_for(lambda s, n=name: n not in s.dra.node_devices(NODE))
                     samples.append(now() - t0)
-                    await health.mark()
+                    node.health_changed(frozenset())
                     await api.wait_for(lambda s, n=name: n in s.dra.node_devices(NODE))
                 values.append(percentile(samples, 99) * 1e3)
     return Figure(

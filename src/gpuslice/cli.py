@@ -9,15 +9,14 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from gpuslice import __version__
-from gpuslice.config.flags import FLAGS, GfdEnv, check_settings, command_env, resolve
-from gpuslice.config.v1 import Config
+from gpuslice.config.flags import FLAGS, GfdEnv
 from gpuslice.core.errors import GpusliceError
 from gpuslice.entry import take_held_reload
 
@@ -155,11 +154,35 @@ def start_logs(log_level: str, log_format: str) -> None:
         logs.setup(log_level, log_format)
 
 
+def command_options(command: str, args: Sequence[str], environ: Mapping[str, str]) -> Any:
+    """The options `gpuslice <command> <args>` would run with in `environ`, resolved once
+    (config.options.RunOptions); nothing starts. Raises click.UsageError for a bad command
+    line, ConfigError for a bad setting."""
+    ctx = main.commands[command].make_context(command, list(args))
+    return _resolved(ctx, ctx.params, command, environ)
+
+
 def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any:
-    """RunOptions from the parsed command line: only explicitly given flags count, and
-    only the env vars of flags `command` takes. The labeller alone reads GFD_ env vars
-    before their unprefixed names, as GFD does. A bad setting ends the command with its
+    """RunOptions from the parsed command line; a bad setting ends the command with its
     one-line error."""
+    try:
+        opts = _resolved(ctx, params, command, os.environ)
+    except GpusliceError as exc:
+        fail(exc)
+    if opts.node_name and command != "inspect":
+        from gpuslice import logs
+
+        logs.bind(node=opts.node_name)
+    return opts
+
+
+def _resolved(
+    ctx: click.Context, params: Mapping[str, Any], command: str, environ: Mapping[str, str]
+) -> Any:
+    """Only explicitly given flags count, and only the env vars of flags `command` takes.
+    The labeller alone reads GFD_ env vars before their unprefixed names, as GFD does."""
+    from gpuslice.config.options import resolve_options
+
     given = {
         FLAG_PARAMS[p]: str(v)
         for p, v in params.items()
@@ -167,29 +190,15 @@ def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any
         and v is not None
         and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
     }
-    env = command_env(command, os.environ)
-    if command == "labels":
-        env = GfdEnv(env)
-    try:
-        check_settings(given, env)
-        resolve(Config(), given, env)  # every value checked before anything starts
-    except GpusliceError as exc:
-        fail(exc)
-    from gpuslice.wiring import RunOptions
-
-    opts = RunOptions(
-        cli_values=given,
-        env=env,
+    env = GfdEnv(environ) if command == "labels" else environ
+    return resolve_options(
+        given,
+        env,
+        command=command,
         config_name=params.get("config_name"),
         fake_hardware=params.get("fake_hardware"),
         fake_events=params.get("fake_events"),
     )
-    node = opts.get("node-name")
-    if node and command != "inspect":
-        from gpuslice import logs
-
-        logs.bind(node=node)
-    return opts
 
 
 @click.group(

@@ -6,25 +6,15 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
-from gpuslice.core.cdi import uses_cdi
+from gpuslice.config.options import RunOptions
+from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
 from gpuslice.core.resources import Resource, unmatched_rule_warnings
-from gpuslice.core.response import AllocateOptions
-from gpuslice.wiring import (
-    RunOptions,
-    dra_device_plugin_resources,
-    dra_options,
-    effective_config,
-    label_flags,
-    machine_type,
-    open_backend,
-    pinned_limit,
-    settings_from,
-)
+from gpuslice.wiring import machine_type, open_backend, plugin_settings, toolkit_problem
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
@@ -33,19 +23,19 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     label (GFD's, without the timestamp) to its value. With --dra, `frontEnds` names the
     front-end serving each resource and `resourceSlices` holds the ResourceSlices this
     node would publish, as they are sent to the API server."""
-    dra = dra_options(opts)
-    loaded = effective_config(opts)
-    cfg = settings_from(loaded, opts, plugin=True)
+    loaded = load_config(opts)
+    cfg = plugin_settings(loaded, opts)
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
     finally:
         backend.close()
+    pinned = opts.mps_pinned_memory_limit_mib
     resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
-        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned_limit(opts)
+        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned
     )
-    machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
-    labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
+    machine = machine_type(opts, cfg.labels.machine_type_file)
+    labelled = label_node(snapshot, cfg.resources, machine=machine)
     report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
         "details": [
@@ -75,13 +65,13 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         "config": loaded.source or "(defaults)",
         "warnings": [
             *cfg.warnings,
-            *_toolkit_warnings(opts, cfg.allocate),
+            *filter(None, [toolkit_problem(opts, cfg.allocate)]),
             *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
             *labelled.warnings,
         ],
     }
-    if dra is not None:
-        report.update(dra_report(snapshot, resources, dra, opts))
+    if opts.dra is not None:
+        report.update(dra_report(snapshot, resources, opts.dra, opts))
     return report
 
 
@@ -89,26 +79,14 @@ def dra_report(
     snapshot: HardwareSnapshot, resources: Sequence[Resource], dra: DraOptions, opts: RunOptions
 ) -> dict[str, Any]:
     """Which front-end serves each resource, and the slices of the DRA devices."""
-    kept = dra_device_plugin_resources(opts)
-    served = dra_resources(resources, kept)
+    served = dra_resources(resources, opts.dra_device_plugin_resources)
     entries = published(build_devices(snapshot, served), frozenset(), dra)
-    node = opts.get("node-name") or platform.node()
+    node = opts.node_name or platform.node()
     on_dra = {r.name for r in served}
     return {
         "frontEnds": {r.name: "dra" if r.name in on_dra else "device-plugin" for r in resources},
         "resourceSlices": build_slices(entries, node=node, opts=dra, generation=1),
     }
-
-
-def _toolkit_warnings(opts: RunOptions, allocate: AllocateOptions) -> list[str]:
-    """Under a cdi-* strategy: that the NVIDIA Container Toolkit's spec is missing."""
-    directory = opts.get("cdi-spec-dir")
-    if not directory or not uses_cdi(allocate):
-        return []
-    from gpuslice.adapters.cdi_file import find_toolkit_devices
-
-    problem = find_toolkit_devices(directory).problem
-    return [] if problem is None else [problem]
 
 
 def served_as(gpu_uuid: str, resources: Sequence[Resource]) -> list[dict[str, Any]]:

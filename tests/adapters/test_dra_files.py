@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.adapters.cdi_claims import ClaimSpecDir
-from gpuslice.adapters.kubelet.dra_checkpoint import MAX_BYTES, ClaimCheckpointFile
+from gpuslice.adapters.dra.checkpoint import MAX_BYTES, ClaimCheckpointFile
+from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PreparedDevice
 from gpuslice.core.errors import BackendError
 

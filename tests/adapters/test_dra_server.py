@@ -13,10 +13,10 @@ import grpc
 import pytest
 from kubelet_fakes import short_dir
 
+from gpuslice.adapters.deviceplugin.api import unix_target
+from gpuslice.adapters.dra.server import MAX_CLAIMS, SERVICES, DraServer
 from gpuslice.adapters.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from gpuslice.adapters.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from gpuslice.adapters.kubelet.api import unix_target
-from gpuslice.adapters.kubelet.dra_server import MAX_CLAIMS, SERVICES, DraServer
 from gpuslice.core.dra.claims import ClaimRef, PreparedDevice, PrepareResult
 from gpuslice.core.dra.health import DeviceHealth
 from gpuslice.core.ports import SocketTaken

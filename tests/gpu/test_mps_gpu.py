@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from gpuslice.adapters.nvml import NvmlBackend
+from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
-from gpuslice.services.agent import Agent
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, agent_deps
+from gpuslice.wiring import build_node
 
 pytestmark = pytest.mark.gpu
 GPU = "nvidia.com/gpu"
@@ -75,10 +75,10 @@ async def test_the_real_daemon_runs_with_its_limits_and_is_quit_on_stop(
         f"version: v1\nflags: {{mpsRoot: {root}}}\nsharing:\n  mps:\n    resources:\n"
         f"    - name: nvidia.com/gpu\n      replicas: {REPLICAS}\n"
     )
-    opts = RunOptions(
-        cli_values={"config-file": str(config), "kubelet-socket": f"{workdir}/kubelet.sock"}
+    opts = resolve_options(
+        {"config-file": str(config), "kubelet-socket": f"{workdir}/kubelet.sock"}
     )
-    agent = Agent(agent_deps(opts))
+    agent = build_node(opts, None)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     pipe = root / "nvidia.com" / "gpu" / "pipe"

@@ -20,21 +20,24 @@ from typing import Any
 
 from lightkube import AsyncClient, KubeConfig
 
-from gpuslice.adapters.cdi_claims import ClaimSpecDir
 from gpuslice.adapters.cdi_file import find_toolkit_devices
+from gpuslice.adapters.dra.checkpoint import ClaimCheckpointFile
+from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
+from gpuslice.adapters.dra.server import DraServer
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.kube.dra_api import KubeDraApi
-from gpuslice.adapters.kubelet.dra_checkpoint import ClaimCheckpointFile
-from gpuslice.adapters.kubelet.dra_server import DraServer
-from gpuslice.config.settings import Settings
+from gpuslice.config.options import resolve_options
+from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
+from gpuslice.core.settings import Settings
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
+from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring import RunOptions, settings
+from gpuslice.wiring import plugin_settings
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -42,24 +45,26 @@ WAIT_S = 5.0
 
 
 class NodeHealth:
-    """The node's unhealthy set and settings, with a generation bumped on every change."""
+    """The node's device state (services.node_devices, as `gpuslice run` has it) on the
+    simulated hardware, committed with `settings`; `mark` is health's own report."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.unhealthy: frozenset[str] = frozenset()
-        self.generation = 0
-        self._cond = asyncio.Condition()
+    def __init__(self, devices: NodeDevices) -> None:
+        self.devices = devices
+
+    @classmethod
+    async def open(cls, hardware: str, settings: Settings) -> NodeHealth:
+        devices = NodeDevices(lambda: FakeBackend.from_spec(hardware))
+        await devices.open()
+        devices.commit(await devices.read(), settings)
+        return cls(devices)
+
+    @property
+    def settings(self) -> Settings:
+        return self.devices.settings
 
     async def mark(self, *uuids: str) -> None:
-        async with self._cond:
-            self.unhealthy = frozenset(uuids)
-            self.generation += 1
-            self._cond.notify_all()
-
-    async def wait_changed(self, seen: int) -> int:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.generation != seen)
-        return self.generation
+        """What the health monitor reports: these GPUs or MIG devices unhealthy now."""
+        self.devices.health_changed(frozenset(uuids))
 
 
 def node_settings(tmp: Path, config: str | None = None, **flags: str) -> Settings:
@@ -68,7 +73,8 @@ def node_settings(tmp: Path, config: str | None = None, **flags: str) -> Setting
         path = tmp / "config.yaml"
         path.write_text(config, encoding="utf-8")
         values["config-file"] = str(path)
-    return settings(RunOptions(cli_values=values))
+    opts = resolve_options(values)
+    return plugin_settings(load_config(opts), opts)
 
 
 @dataclass
@@ -108,7 +114,7 @@ class DraRig:
         driver = DraDriver(
             node=NODE,
             opts=self.opts,
-            view=self.health,
+            view=self.health.devices,
             api=api,
             checkpoint=ClaimCheckpointFile(self.plugin_dir),
             specs=ClaimSpecDir(self.cdi_dir),
@@ -116,7 +122,9 @@ class DraRig:
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)
         kw.setdefault("find_toolkit", lambda: find_toolkit_devices(self.cdi_dir))
-        self.frontend = DraFrontEnd(self.health, driver, publisher, endpoint, check_s=0.05, **kw)
+        self.frontend = DraFrontEnd(
+            self.health.devices, driver, publisher, endpoint, check_s=0.05, **kw
+        )
         await self.frontend.start()
         await self.frontend.prepare(self.snapshot, self.health.settings)()
         self.task = asyncio.create_task(self.frontend.run())
@@ -162,12 +170,8 @@ async def dra_rig(
     flags: dict[str, str] | None = None,
     **kw: Any,
 ) -> AsyncIterator[DraRig]:
-    backend = FakeBackend.from_spec(hardware)
-    try:
-        snapshot = backend.snapshot()
-    finally:
-        backend.close()
-    health = NodeHealth(node_settings(tmp, config, **(flags or {})))
+    health = await NodeHealth.open(hardware, node_settings(tmp, config, **(flags or {})))
+    snapshot = health.devices.snapshot
     async with FakeApiServer() as api:
         kubelet = DraKubeletStandin(os.path.join(root, "registry"), os.path.join(root, "cdi"))
         rig = DraRig(api, kubelet, root, snapshot, health, opts or DraOptions())
@@ -177,6 +181,7 @@ async def dra_rig(
         finally:
             await kubelet.close()
             await rig.stop()
+            await health.devices.close()
 
 
 def uids(*claims: tuple[str, str, str]) -> list[str]:

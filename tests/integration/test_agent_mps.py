@@ -82,7 +82,7 @@ async def test_a_daemon_starts_with_its_limits_before_the_replicas_register(
     pipe = pipe_dir(tmp_path)
     assert daemon_pid(pipe) is not None  # already up when the agent is ready
     await running.registered(kubelet)
-    gpus = running.agent.snapshot.gpus
+    gpus = running.devices.snapshot.gpus
     state = json.loads((pipe / "state.json").read_text())
     assert state["visible"] == ",".join(g.uuid for g in gpus)
     for ordinal, gpu in enumerate(gpus):
@@ -131,10 +131,10 @@ async def test_every_daemon_is_stopped_with_the_agent_and_with_its_resource(
     pipe = pipe_dir(tmp_path)
     assert daemon_pid(pipe) is not None
     write_file(config, TIME_SLICING)
-    assert await running.agent.reload()
+    assert await running.reload()
     assert daemon_pid(pipe) is None
     write_file(config, mps_config(tmp_path).read_text())
-    assert await running.agent.reload()
+    assert await running.reload()
     pid = daemon_pid(pipe)
     assert pid is not None
     await running.shutdown()
@@ -150,7 +150,7 @@ async def test_a_daemon_that_cannot_start_keeps_its_replicas_unhealthy(
         launcher, tmp_path, flags={"mps-control-binary": str(tmp_path / "none")}
     )
     await kubelet.wait_for(lambda k: all_healthy(k, False))
-    assert running.agent.manager.handlers[GPU].unhealthy_count() == 16
+    assert running.plugin.manager.handlers[GPU].unhealthy_count() == 16
 
 
 @pytest.mark.parametrize(

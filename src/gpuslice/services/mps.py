@@ -2,7 +2,7 @@
 
 A resource's daemon is started and given its limits before the resource is served;
 while it does not answer (not yet started, died, restarting) every GPU of the resource
-is held Unhealthy (PluginManager.hold_unhealthy, by "mps"), so its replicas are never
+is held Unhealthy (NodeDevices.hold, by "mps"), so its replicas are never
 advertised without a daemon behind them. A daemon that exits is started again after
 core.restart's backoff; once the budget is spent its replicas stay Unhealthy.
 """
@@ -22,7 +22,7 @@ from gpuslice.core.restart import FailureRun, RestartBudget, after_failure
 
 log = structlog.get_logger("gpuslice.mps")
 
-Hold = Callable[..., object]  # PluginManager.hold_unhealthy(held, by=...)
+Hold = Callable[..., object]  # NodeDevices.hold(held, by=...)
 Control = Callable[[DaemonPlan], MpsControl]  # adapters.mps.ControlDaemon(plan, binary)
 
 

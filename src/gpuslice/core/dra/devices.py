@@ -73,10 +73,22 @@ def driver_name_problem(name: str) -> str:
     return ""
 
 
+def split_front_ends(
+    resources: Iterable[Resource], device_plugin: Collection[str] | None
+) -> tuple[list[Resource], list[Resource]]:
+    """(the device plugin's, DRA's). With DRA off (`device_plugin` None) every resource is
+    the device plugin's; with it on, those named in `device_plugin` stay there and DRA
+    serves the others: per node, one front-end serves each extended-resource name."""
+    listed = list(resources)
+    if device_plugin is None:
+        return listed, []
+    kept = [r for r in listed if r.name in device_plugin]
+    return kept, [r for r in listed if r.name not in device_plugin]
+
+
 def dra_resources(resources: Iterable[Resource], device_plugin: Collection[str]) -> list[Resource]:
-    """The resources DRA serves: all but those kept on the device-plugin API (per node,
-    one front-end serves each extended-resource name)."""
-    return [r for r in resources if r.name not in device_plugin]
+    """The resources DRA serves: all but those kept on the device-plugin API."""
+    return split_front_ends(resources, device_plugin)[1]
 
 
 def gpu_name(gpu: Gpu) -> str:

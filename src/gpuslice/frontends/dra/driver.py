@@ -36,8 +36,7 @@ from gpuslice.core.dra.devices import DraDevice, DraOptions
 from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
-from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi
-from gpuslice.frontends.dra.view import DeviceView
+from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState
 
 log = structlog.get_logger("gpuslice.dra")
 
@@ -52,7 +51,7 @@ class DraDriver:
         *,
         node: str,
         opts: DraOptions,
-        view: DeviceView,
+        view: NodeState,
         api: DraApi,
         checkpoint: ClaimCheckpoint,
         specs: ClaimSpecs,

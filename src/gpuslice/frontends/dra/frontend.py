@@ -2,11 +2,14 @@
 
 It serves the resources the node's settings build, except those kept on the
 device-plugin API (per node each extended-resource name has one front-end). `prepare`
-builds the DRA devices of a new snapshot and settings; its step hands them to the
-driver. `start` loads the checkpoint; `run` serves both sockets, and then follows the node:
-every change of the devices or of their health refreshes the health stream and
-publishes the slices (a failed publish is retried with backoff), and a socket found
-deleted (a kubelet directory wiped on restart) is served again within `check_s`.
+builds the DRA devices of a new snapshot and settings and asks the node state for what
+they need (the MPS control daemons of its MPS resources, the same managed daemons the
+device-plugin path uses); its step has the node provide them, looks up the NVIDIA
+Container Toolkit's CDI devices, and hands the devices to the driver. `start` loads
+the checkpoint; `run` serves both sockets, and then follows the node: every change of
+the devices or of their health refreshes the health stream and publishes the slices
+(a failed publish is retried with backoff), and a socket found deleted (a kubelet
+directory wiped on restart) is served again within `check_s`.
 """
 
 from __future__ import annotations
@@ -18,29 +21,29 @@ from typing import Any
 
 import structlog
 
-from gpuslice.config.settings import Settings
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import build_devices, dra_resources
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
-from gpuslice.core.ports import DraEndpoint
+from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
 from gpuslice.core.resources import build_resources
 from gpuslice.core.restart import Backoff
+from gpuslice.core.settings import Settings
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.publisher import SlicePublisher
-from gpuslice.frontends.dra.view import DeviceView
 
 log = structlog.get_logger("gpuslice.dra")
 PUBLISH_RETRY = Backoff(first_s=0.5, max_s=30.0)
 
 
-class DraFrontEnd:
-    name = "dra"
+NAME = "dra"
 
+
+class DraFrontEnd:
     def __init__(
         self,
-        view: DeviceView,
+        node: NodeState,
         driver: DraDriver,
         publisher: SlicePublisher,
         endpoint: DraEndpoint,
@@ -49,12 +52,14 @@ class DraFrontEnd:
         pcie_roots: Mapping[str, str] | None = None,
         check_s: float = 1.0,
         retry: Backoff = PUBLISH_RETRY,
+        on_stop: Callable[[], Awaitable[None]] | None = None,  # release the API client
         # The NVIDIA Container Toolkit's CDI devices on the node (adapters.cdi_file's
         # lookup, shared with the device-plugin path); blocking, run off the loop.
         find_toolkit: Callable[[], ToolkitDevices] | None = None,
     ) -> None:
         self._find_toolkit = find_toolkit
-        self._view = view
+        self._on_stop = on_stop
+        self._view = node
         self.driver = driver
         self.publisher = publisher
         self.endpoint = endpoint
@@ -69,15 +74,15 @@ class DraFrontEnd:
         self.failed = asyncio.Event()
         self.error: GpusliceError | None = None
 
-    def prepare(
-        self, snapshot: HardwareSnapshot, settings: Settings
-    ) -> Callable[[], Awaitable[None]]:
+    def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
         resources = dra_resources(
             build_resources(snapshot, settings.resources), self._device_plugin
         )
+        plan = self._view.plan_devices(NAME, snapshot, settings, resources)  # MPS: may raise
         devices = build_devices(snapshot, resources, self._roots)
 
         async def step() -> None:
+            await self._view.provide(plan)  # the MPS daemons of its MPS resources among them
             if self._find_toolkit is not None:
                 await self._look_up_toolkit(self._find_toolkit)
             await self.driver.set_devices(devices)
@@ -99,13 +104,17 @@ class DraFrontEnd:
         await self.driver.restore()
 
     async def run(self) -> None:
-        await self.endpoint.start()
+        await self._serve_sockets()
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
                 group.create_task(self._keep_sockets())
         finally:
             await self.endpoint.stop()
+
+    @property
+    def name(self) -> str:
+        return NAME
 
     def ready(self) -> bool:
         return self.endpoint.registered() and not self.publisher.pending
@@ -125,7 +134,29 @@ class DraFrontEnd:
         return out
 
     async def stop(self) -> None:
-        await self.endpoint.stop()
+        try:
+            await self.endpoint.stop()
+        finally:
+            if self._on_stop is not None:
+                await self._on_stop()
+
+    async def _serve_sockets(self) -> None:
+        """Serve both sockets; while another process serves them (the agent this one
+        replaces, during a rolling update) or they cannot be bound, try again every
+        `check_s`, saying why once."""
+        said = ""
+        while True:
+            try:
+                await self.endpoint.start()
+                return
+            except GpusliceError as exc:
+                if str(exc) != said:
+                    said = str(exc)
+                    log.warning("dra_socket_not_served", error=said)
+            await asyncio.sleep(self._check_s)
+
+    def release(self) -> None:
+        """Nothing is held for a successor: its sockets are bound and renamed into place."""
 
     async def _follow(self) -> None:
         attempt = 0

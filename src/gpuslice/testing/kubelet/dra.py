@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import yaml
 
+from gpuslice.adapters.deviceplugin.api import unix_target
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuslice.adapters.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
@@ -35,7 +36,6 @@ from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2 as hpb
 from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2_grpc as hpb_grpc
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from gpuslice.adapters.kubelet.api import unix_target
 from gpuslice.testing.kubelet.records import StandinError
 
 CALL_TIMEOUT_S = 45.0  # the kubelet's per-call timeout for DRA plugins

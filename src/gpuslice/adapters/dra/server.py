@@ -24,6 +24,13 @@ from typing import Any
 import grpc
 import structlog
 
+from gpuslice.adapters.deviceplugin.server import (
+    SERVER_OPTIONS,
+    _accepts_connections,
+    _unlink,
+    serve_renamed,
+)
+from gpuslice.adapters.deviceplugin.servicer import clip
 from gpuslice.adapters.fswatch import FileId, file_id
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
@@ -33,13 +40,6 @@ from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2 as hpb
 from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2_grpc as hpb_grpc
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from gpuslice.adapters.kubelet.server import (
-    SERVER_OPTIONS,
-    _accepts_connections,
-    _unlink,
-    serve_renamed,
-)
-from gpuslice.adapters.kubelet.servicer import clip
 from gpuslice.core.dra.claims import ClaimRef
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import DraHandler, SocketTaken
