@@ -5,7 +5,9 @@ claim UID, refusals that reach the pod, and restarts of the kubelet and of the a
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -210,3 +212,29 @@ async def test_the_toolkits_own_cdi_device_is_named_beside_ours(root: str, tmp_p
             "containerPath": "/usr/lib/libcuda.so.1",
         } in edits["mounts"]
         assert rig.frontend.status().get("cdiToolkit") is None
+
+
+async def test_sockets_another_process_serves_are_waited_for(root: str, tmp_path: Path) -> None:
+    """The agent this one replaces (a rolling update) still serves the DRA socket: the new
+    one waits, says why in its status, and serves once the old one is gone."""
+    service = os.path.join(root, "plugins", DRIVER, "dra.sock")
+    old = listening(service)
+    try:
+        async with dra_rig(root, tmp_path) as rig:
+            await asyncio.wait_for(rig.frontend.blocked.wait(), 5)
+            assert not rig.frontend.serving.is_set()
+            assert "another process serves" in str(rig.frontend.status()["waitingFor"])
+            old.close()
+            await asyncio.wait_for(rig.frontend.serving.wait(), 5)
+            await rig.kubelet.discover(DRIVER)
+            assert "waitingFor" not in rig.frontend.status()
+    finally:
+        old.close()
+
+
+def listening(path: str) -> socket.socket:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    sock.listen()
+    return sock

@@ -69,6 +69,9 @@ class DraFrontEnd:
         self._retry = retry
         self._poked = asyncio.Event()
         self.socket_restarts = 0
+        self.waiting_for: str | None = None  # why the sockets are not served yet
+        self.blocked = asyncio.Event()  # set once the sockets could not be served
+        self.serving = asyncio.Event()  # set once the sockets are served
         self.published = asyncio.Event()  # set after each successful publish
         self.publish_error: str | None = None
         self.failed = asyncio.Event()
@@ -129,6 +132,8 @@ class DraFrontEnd:
         }
         if self.publish_error:
             out["publishError"] = self.publish_error
+        if self.waiting_for:
+            out["waitingFor"] = self.waiting_for
         if self._find_toolkit is not None and self.driver.toolkit.problem:
             out["cdiToolkit"] = self.driver.toolkit.problem
         return out
@@ -144,16 +149,19 @@ class DraFrontEnd:
         """Serve both sockets; while another process serves them (the agent this one
         replaces, during a rolling update) or they cannot be bound, try again every
         `check_s`, saying why once."""
-        said = ""
         while True:
             try:
                 await self.endpoint.start()
-                return
             except GpusliceError as exc:
-                if str(exc) != said:
-                    said = str(exc)
-                    log.warning("dra_socket_not_served", error=said)
-            await asyncio.sleep(self._check_s)
+                if str(exc) != self.waiting_for:
+                    log.warning("dra_socket_not_served", error=str(exc))
+                self.waiting_for = str(exc)
+                self.blocked.set()
+                await asyncio.sleep(self._check_s)
+                continue
+            self.waiting_for = None
+            self.serving.set()
+            return
 
     def release(self) -> None:
         """Nothing is held for a successor: its sockets are bound and renamed into place."""
