@@ -44,6 +44,7 @@ async def test_a_device_failing_under_a_claim(root: str, tmp_path: Path) -> None
             DRIVER, lambda h: h.get((NODE, GPU0), (0, ""))[0] == UNHEALTHY
         )
         assert len(health) == 8  # the complete list, the failed device included
+        assert health[(NODE, GPU0)][1] == "held unhealthy by health"
         late = rig.put_claim("late", GPU0)
         refused = (await rig.kubelet.prepare(DRIVER, [late]))[late[1]]
         assert refused.error == f"claim ml/late: device {GPU0} is unhealthy"

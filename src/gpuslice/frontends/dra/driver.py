@@ -124,8 +124,9 @@ class DraDriver:
         return self._health_gen
 
     async def refresh_health(self) -> None:
-        """Recompute the health list from the node's unhealthy set; wake the streams
-        when it changed."""
+        """Recompute the health list from the node's unhealthy set (each unhealthy device's
+        message names who holds it: health, mps, watchdog, ...); wake the streams when it
+        changed."""
         unhealthy = self._view.unhealthy
         now = int(self._clock())
         for device in self.devices.values():
@@ -133,7 +134,14 @@ class DraDriver:
             if self._bad.get(device.name) != bad:
                 self._bad[device.name] = bad
                 self._since[device.name] = now
-        listed = health_list(self.devices.values(), unhealthy, pool=self.node, since=self._since)
+        holders: dict[str, list[str]] = {}
+        for holder, held in sorted(self._view.held.items()):
+            for uuid in held:
+                holders.setdefault(uuid, []).append(holder)
+        reasons = {uuid: "held unhealthy by " + ", ".join(h) for uuid, h in holders.items()}
+        listed = health_list(
+            self.devices.values(), unhealthy, pool=self.node, since=self._since, reasons=reasons
+        )
         if listed != self._health:
             self._health = listed
             async with self._health_changed:
