@@ -42,7 +42,7 @@ from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, EntrySource
 from gpuslice.services.labeller import NodeFeatureSink
-from gpuslice.services.mps import MpsDaemons
+from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_state import node_state
 from gpuslice.services.resource_handler import ResourceHandler
@@ -188,17 +188,26 @@ def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
     )
 
 
-def mps_daemons(opts: RunOptions) -> MpsDaemons:
-    """MPS control daemons (started only for MPS resources); the simulated control
-    binary on simulated hardware unless --mps-control-binary names one."""
+def mps_binary(opts: RunOptions) -> list[str]:
+    """The MPS control binary: the simulated one on simulated hardware unless
+    --mps-control-binary names one."""
     binary = [opts.get("mps-control-binary")]
     if opts.fake_hardware and binary[0] == FLAGS_BY_NAME["mps-control-binary"].default:
         binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
-    from gpuslice.adapters.mps import ControlDaemon
+    return binary
 
+
+def mps_daemons(opts: RunOptions) -> MpsDaemons:
+    """MPS control daemons (started only for MPS resources): from `gpuslice mps-control`
+    when --mps-control-socket names it, else from the agent itself."""
+    from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
+
+    binary, socket = mps_binary(opts), opts.get("mps-control-socket")
     return MpsDaemons(
-        lambda plan: ControlDaemon(plan, binary),
+        RemoteLauncher(socket) if socket else LocalLauncher(binary),
+        ControlCommands(binary),
         pinned_limit_mib=int(opts.get("mps-pinned-memory-limit") or 0),
+        roots=(opts.get("mps-root"),),
     )
 
 
@@ -280,6 +289,12 @@ def node_deps(opts: RunOptions, api: NodeApi | None, metrics: Metrics = NO_METRI
             await api.record_event(node, REJECTED_REASON, message, warning=True)
 
         agent = dataclasses.replace(agent, on_rejected=rejected)
+    if agent.mps is not None and api is not None and node:
+        # New MPS replicas withheld while an old daemon's clients finish: on the Node.
+        async def mps_waiting(message: str) -> None:
+            await api.record_event(node, MPS_WAITING_REASON, message, warning=True)
+
+        agent.mps.notify = mps_waiting
     return NodeDeps(agent=agent, manager=manager, labels=label_options(opts, api))
 
 

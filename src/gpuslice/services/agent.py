@@ -83,6 +83,7 @@ class Agent:
         self._snapshot: HardwareSnapshot | None = None
         self._monitor: HealthMonitor | None = None
         self.holds: DeviceHolds | None = None  # set once run() has PodResources
+        self.mps = deps.mps
         self.ready = asyncio.Event()  # set once every resource was served the first time
 
     @property
@@ -271,7 +272,7 @@ class Agent:
         if self._deps.cdi is not None:  # before the kubelet can allocate a new device
             await self._deps.cdi.apply(resources, settings.allocate)
         if mps is not None:  # an MPS resource is served only while its daemon answers
-            await mps.apply(daemons, self.manager.hold_unhealthy)
+            mps.apply(daemons, self.manager.hold_unhealthy, root)
         await self.manager.apply(resources, settings.allocate, topology)
         if not resources:
             log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))

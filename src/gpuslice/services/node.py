@@ -62,11 +62,17 @@ class Node:
             self.sampler, self.watchdog = deps.accounting(self.agent)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready once every resource is served and registered; details say why not,
+        """Ready once every resource is served and registered and no MPS resource waits
+        for an old daemon's clients; details say why not,
         and which config is in force (a rejected one is reported here too)."""
         registered = self.agent.manager.registered()
         ready = self.agent.ready.is_set() and all(registered.values())
         details: dict[str, Any] = {"resources": registered}
+        mps = self.agent.mps
+        if mps is not None and mps.daemons:  # new replicas withheld for an old daemon's clients
+            waiting = mps.waiting
+            ready = ready and not waiting
+            details["mps"] = {"daemons": mps.status(), "waiting": waiting}
         if self.manager is not None:
             details["config"] = self.manager.status.as_dict()
         elif self.agent.rejected is not None:  # one config file, re-read on SIGHUP

@@ -1,0 +1,148 @@
+"""MPS control daemons run from this process: each started with `<binary> -d` in its
+resource's directories, found again through the pid file it writes in its pipe
+directory, and watched with a pidfd. `-d` detaches the daemon, so it outlives this
+process; it lives as long as the container (the cgroup) it was started in.
+
+What a daemon was started with is recorded in `<root>/daemon.json` (its pid and
+GPUs), beside its pipe, log and shm directories and out of the clients' sight, so that
+a later agent can tell whether a daemon it finds serves the plan it wants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.adapters.mps.commands import run
+from gpuslice.core.mps import DaemonPlan, RunningDaemon
+from gpuslice.core.ports import MpsError
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+RECORD = "daemon.json"
+_SMALL = 4096  # a pid file or a record is a few bytes
+
+
+class LocalLauncher:
+    def __init__(self, binary: Sequence[str]) -> None:
+        self._binary = tuple(binary)
+
+    async def start(self, plan: DaemonPlan) -> RunningDaemon:
+        """Start the daemon of `plan` and record it. Raises MpsError."""
+        await asyncio.to_thread(prepare_dirs, plan)
+        code, out = await run(self._binary, ["-d"], plan.env, "")
+        name = os.path.basename(self._binary[-1])
+        if code != 0:
+            raise MpsError(f"{name} -d exited with status {code}: {out.strip()}")
+        pid = _pid(plan.root)
+        if pid is None:
+            raise MpsError(f"{name} -d returned, but no daemon runs in {plan.pipe_dir}")
+        record = json.dumps({"pid": pid, "gpus": list(plan.gpu_uuids)})
+        try:
+            await asyncio.to_thread(replace_atomically, Path(plan.root, RECORD), record)
+        except OSError as exc:
+            raise MpsError(f"cannot record the MPS daemon of {plan.resource}: {exc}") from None
+        return RunningDaemon(plan.root, pid, plan.gpu_uuids)
+
+    async def running(self, root: str) -> RunningDaemon | None:
+        """The daemon running in `root`'s pipe directory, if any."""
+        return await asyncio.to_thread(_running, root)
+
+    async def found(self, mps_root: str) -> tuple[RunningDaemon, ...]:
+        """Every daemon running under `mps_root` (<mpsRoot>/<domain>/<name>/pipe)."""
+        return await asyncio.to_thread(_found, mps_root)
+
+    async def exited(self, daemon: RunningDaemon) -> None:
+        """Return once `daemon` has exited."""
+        await gone(daemon.pid)
+
+
+def prepare_dirs(plan: DaemonPlan) -> None:
+    """Pipe and log directories (0755, traversable by any UID) and the shared-memory
+    directory (1777, as /dev/shm) of this resource."""
+    for path in (plan.pipe_dir, plan.log_dir, plan.shm_dir):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    os.chmod(plan.pipe_dir, 0o755)  # noqa: S103 - clients of any UID
+    os.chmod(plan.shm_dir, 0o1777)  # noqa: S103 - as /dev/shm
+
+
+def _running(root: str) -> RunningDaemon | None:
+    pid = _pid(root)
+    if pid is None:
+        return None
+    try:
+        record = json.loads(_read_small(os.path.join(root, RECORD)))
+        gpus = tuple(str(g) for g in record["gpus"]) if record["pid"] == pid else None
+    except (OSError, ValueError, KeyError, TypeError):
+        gpus = None
+    return RunningDaemon(root, pid, gpus)
+
+
+def _found(mps_root: str) -> tuple[RunningDaemon, ...]:
+    found = []
+    for domain in _subdirs(mps_root):
+        for name in _subdirs(domain):
+            daemon = _running(name)
+            if daemon is not None:
+                found.append(daemon)
+    return tuple(found)
+
+
+def _subdirs(path: str) -> list[str]:
+    """The directories in `path` (links not followed; none when it is not a directory)."""
+    try:
+        with os.scandir(path) as entries:
+            return sorted(e.path for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _pid(root: str) -> int | None:
+    """The pid in the daemon's pid file while that process runs."""
+    try:
+        pid = int(_read_small(os.path.join(root, "pipe", PID_FILE)).strip())
+        check_running(pid)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _read_small(path: str) -> str:
+    """A small regular file's text, without following a link. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, _SMALL).decode("ascii", errors="replace")
+    finally:
+        os.close(fd)
+
+
+async def gone(pid: int) -> None:
+    """Return once process `pid` has exited (reaped here when it is our child)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop, done = asyncio.get_running_loop(), asyncio.Event()
+    loop.add_reader(fd, done.set)
+    try:
+        await done.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
+
+
+def check_running(pid: int) -> None:
+    """OSError unless `pid` runs: a zombie (exited, not yet reaped by its parent) does not."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    if state in ("Z", "X"):
+        raise ProcessLookupError(pid)
