@@ -74,9 +74,9 @@ class _Daemon:
         return self.phase is Phase.SERVING and self.want is not None and self.served == self.want
 
     def wanted(self, plan: DaemonPlan | None) -> None:
-        self.want = plan
+        changed, self.want = plan != self.want, plan
         self._wake.set()
-        if self._task is None or self._task.done():
+        if self._task is None or (self._task.done() and (changed or self.phase is Phase.STOPPED)):
             self._failures = FailureRun()  # a new plan after giving up is tried afresh
             self._task = asyncio.create_task(self._run())
 

@@ -131,15 +131,15 @@ class RemoteLauncher:
     async def start(self, plan: DaemonPlan) -> RunningDaemon:
         raw = {"resource": plan.resource, "root": plan.root, "gpus": list(plan.gpu_uuids)}
         answer = await self._ask({"op": "start", "plan": raw}, ANSWER_TIMEOUT_S)
-        return _daemon(answer["daemon"])
+        return _daemon(answer.get("daemon"))
 
     async def running(self, root: str) -> RunningDaemon | None:
         answer = await self._ask({"op": "running", "root": root}, ANSWER_TIMEOUT_S)
-        return None if answer["daemon"] is None else _daemon(answer["daemon"])
+        return None if answer.get("daemon") is None else _daemon(answer["daemon"])
 
     async def found(self, mps_root: str) -> tuple[RunningDaemon, ...]:
         answer = await self._ask({"op": "found", "root": mps_root}, ANSWER_TIMEOUT_S)
-        return tuple(_daemon(d) for d in answer["daemons"])
+        return tuple(_daemon(d) for d in answer.get("daemons") or ())
 
     async def exited(self, daemon: RunningDaemon) -> None:
         """Return once `daemon` exits, or once the host can no longer tell (its
@@ -178,9 +178,14 @@ def _daemon_json(daemon: RunningDaemon) -> dict[str, Any]:
     return {"root": daemon.root, "pid": daemon.pid, "gpus": gpus}
 
 
-def _daemon(raw: dict[str, Any]) -> RunningDaemon:
-    gpus = raw["gpus"]
-    return RunningDaemon(str(raw["root"]), int(raw["pid"]), None if gpus is None else tuple(gpus))
+def _daemon(raw: Any) -> RunningDaemon:
+    try:
+        gpus = raw["gpus"]
+        return RunningDaemon(
+            str(raw["root"]), int(raw["pid"]), None if gpus is None else tuple(map(str, gpus))
+        )
+    except (KeyError, TypeError, ValueError):
+        raise MpsError(f"the MPS control host answered {str(raw)[:200]!r}") from None
 
 
 def _why(exc: BaseException) -> str:
