@@ -33,6 +33,7 @@ from process_harness import AgentProcess, run_once
 from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.core.response import Mount
 from gpuslice.services.agent import AgentDeps
+from gpuslice.services.mps import MpsDaemons
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.mps_client import LOST, REFUSED
@@ -154,13 +155,13 @@ async def test_a_restarted_agent_retires_a_daemon_no_config_wants_once_its_clien
     await second.registered(kubelet)
     mps = second.agent.mps
     assert mps is not None
-    await wait_until(lambda: mps.status() == {GPU: "waiting"})
+    await settled(mps, lambda: mps.status() == {GPU: "waiting"})
     assert mps.waiting == {}  # nothing is withheld: no config wants its replicas
     assert runs(pid)
     assert client.running
     assert await client.leave() == 0
-    await wait_until(lambda: not runs(pid))
-    await wait_until(lambda: mps.status() == {GPU: "stopped"})
+    await settled(mps, lambda: mps.status() == {GPU: "stopped"})
+    assert not runs(pid)
 
 
 async def test_a_replica_change_with_clients_connected_sets_new_limits_without_a_restart(
@@ -226,7 +227,7 @@ async def test_a_gpu_change_waits_for_the_clients_with_the_new_replicas_withheld
         write_file(config, mps_config(root, devices='["0", "1"]', rename=SHARED))
         assert await asyncio.wait_for(node.agent.reload(), 5.0)  # never waits for clients
         await kubelet.wait_for(lambda k: all_healthy(k, False, count=8, resource=SHARED))
-        await wait_until(lambda: SHARED in mps.waiting)
+        await settled(mps, lambda: SHARED in mps.waiting)
         ready, details = node.readiness()
         assert not ready
         why = details["mps"]["waiting"][SHARED]
@@ -285,16 +286,17 @@ async def test_a_resource_that_goes_away_is_quit_after_its_clients_and_not_with_
     await kubelet.wait_for(lambda k: len(k.devices(GPU)) == 16)
     mps = running.agent.mps
     assert mps is not None
-    await wait_until(lambda: mps.status() == {GPU: "waiting"})
+    await settled(mps, lambda: mps.status() == {GPU: "waiting"})
     extra = await connect(root)  # still served: no quit is sent while it has clients
     for one in (extra, client):
         assert await one.leave() == 0
-    await wait_until(lambda: not runs(pid))
+    await settled(mps, lambda: mps.status() == {GPU: "stopped"})
+    assert not runs(pid)
     with pytest.raises(RuntimeError, match=f"status {REFUSED}"):
         await connect(root)
 
     await reconfigure(running, mps_config(root))
-    await wait_until(lambda: mps.status() == {GPU: "serving"})
+    await settled(mps, lambda: mps.status() == {GPU: "serving"})
     await kubelet.wait_for(lambda k: all_healthy(k, True))
     pid = daemon_pid(pipe_dir(root))
     assert pid is not None
@@ -359,7 +361,7 @@ async def test_time_slicing_starts_no_daemon(
     config.write_text(TIME_SLICING + f"flags: {{mpsRoot: {root}}}\n")
     running = await launcher.start("t4x4", config=config)
     await running.registered(kubelet)
-    assert not root.exists()
+    assert not await asyncio.to_thread(root.exists)
 
 
 def test_mps_control_refuses_a_relative_root_in_one_line(tmp_path: Path) -> None:
@@ -372,9 +374,8 @@ def test_mps_control_refuses_a_relative_root_in_one_line(tmp_path: Path) -> None
     ]
 
 
-async def wait_until(done: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Until `done()` holds, looked at every few milliseconds of loop time."""
-    async with asyncio.timeout(timeout_s):
-        while not done():
-            await asyncio.sleep(0.01)
+async def settled(mps: MpsDaemons | None, done: Callable[[], bool]) -> None:
+    """Until `done()` holds, looked at after each change of an MPS daemon."""
+    assert mps is not None
+    await asyncio.wait_for(mps.settled(done), 10.0)
 

@@ -220,6 +220,7 @@ class MpsDaemons:
         self._scanned: set[str] = set()
         self._hold: Hold | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()  # set, and replaced, on each change of a daemon
 
     def plan(
         self, snapshot: HardwareSnapshot, resources: Iterable[Resource], mps_root: str
@@ -266,8 +267,15 @@ class MpsDaemons:
             log.info("mps_daemons_left_running", resources=",".join(running))
         self.changed()
 
+    async def settled(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, looked at after each change of a daemon."""
+        while not condition():
+            await self._changed.wait()
+
     def changed(self) -> None:
         """Hold every GPU of a resource whose daemon does not serve its plan."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
         down = frozenset(
             u
             for d in self.daemons.values()

@@ -113,7 +113,8 @@ def test_a_running_daemon_keeps_a_plan_only_with_its_gpus(
 ) -> None:
     """Limits never decide it: set_default_* change them on the running daemon."""
     assert keeps(running, PLAN) is kept
-    assert keeps(running, dataclasses.replace(PLAN, pinned_mib=(1, 1), thread_percentage=50)) is kept
+    other_limits = dataclasses.replace(PLAN, pinned_mib=(1, 1), thread_percentage=50)
+    assert keeps(running, other_limits) is kept
 
 
 def test_server_commands_give_a_running_server_the_plans_limits() -> None:

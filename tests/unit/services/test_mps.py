@@ -115,11 +115,9 @@ class Node:
         return daemons
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait for `condition`, given the loop between looks."""
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0)
+async def until(daemons: MpsDaemons, condition: Callable[[], bool]) -> None:
+    """Wait for `condition`, looked at after each change of a daemon."""
+    await asyncio.wait_for(daemons.settled(condition), 5)
 
 
 def state(daemons: MpsDaemons) -> str:
@@ -132,7 +130,7 @@ async def test_held_until_serving_and_left_running_when_the_agent_stops() -> Non
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
     assert node.held[-1] == GPUS  # at once: no replica before its daemon
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     assert node.held[-1] == frozenset()
     assert host.limits[ROOT] == PLAN
     await daemons.close()
@@ -147,11 +145,11 @@ async def test_apply_returns_while_a_daemon_is_still_starting() -> None:
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
-    await until(lambda: host.starts == 1)
+    await until(daemons, lambda: host.starts == 1)
     assert state(daemons) == "starting"
     assert node.held[-1] == GPUS
     host.gate.set()
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     await daemons.close()
 
 
@@ -159,14 +157,14 @@ async def test_a_daemon_found_with_the_same_plan_is_adopted_not_restarted() -> N
     host = Host()
     first = Node(host).daemons()
     first.apply([PLAN], Node(host).hold)
-    await until(lambda: state(first) == "serving")
+    await until(first, lambda: state(first) == "serving")
     await first.close()
     pid = host.running[ROOT].pid
 
     node = Node(host)
     second = node.daemons()
     second.apply([PLAN], node.hold, "/mps")
-    await until(lambda: state(second) == "serving")
+    await until(second, lambda: state(second) == "serving")
     assert (host.starts, host.running[ROOT].pid) == (1, pid)
     await second.close()
 
@@ -176,11 +174,11 @@ async def test_new_limits_are_set_on_the_running_daemon() -> None:
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     host.clients[ROOT] = 2
     fewer = DaemonPlan(PLAN.resource, ROOT, PLAN.gpu_uuids, (200, 200), 100)
     daemons.apply([fewer], node.hold)
-    await until(lambda: host.limits[ROOT] == fewer and state(daemons) == "serving")
+    await until(daemons, lambda: host.limits[ROOT] == fewer and state(daemons) == "serving")
     assert (host.starts, host.quits) == (1, 0)
     assert node.held[-1] == frozenset()
     await daemons.close()
@@ -191,11 +189,11 @@ async def test_other_gpus_wait_for_the_clients_then_replace_the_daemon() -> None
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     host.clients[ROOT] = 2
     moved = DaemonPlan(PLAN.resource, ROOT, ("GPU-a",), (100,), 50)
     daemons.apply([moved], node.hold)
-    await until(lambda: state(daemons) == "waiting" and node.now >= 1.0)  # polled a while
+    await until(daemons, lambda: state(daemons) == "waiting" and node.now >= 1.0)  # polled a while
     assert node.held[-1] == frozenset({"GPU-a"})
     assert daemons.waiting[PLAN.resource].startswith(
         "nvidia.com/gpu: new replicas withheld until the 2 clients of its MPS daemon (pid 101)"
@@ -204,7 +202,7 @@ async def test_other_gpus_wait_for_the_clients_then_replace_the_daemon() -> None
     assert host.quits == 0
 
     host.clients[ROOT] = 0
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     assert (host.quits, host.starts, host.running[ROOT].gpu_uuids) == (1, 2, ("GPU-a",))
     assert daemons.waiting == {}
     assert node.held[-1] == frozenset()
@@ -215,17 +213,17 @@ async def test_unwanted_daemons_are_quit_once_idle_and_hold_nothing() -> None:
     host = Host()
     first = Node(host).daemons()
     first.apply([PLAN], Node(host).hold)
-    await until(lambda: state(first) == "serving")
+    await until(first, lambda: state(first) == "serving")
     await first.close()
     host.clients[ROOT] = 1
 
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([], node.hold, "/mps")
-    await until(lambda: state(daemons) == "waiting")
+    await until(daemons, lambda: state(daemons) == "waiting")
     assert (daemons.waiting, node.events, node.held[-1]) == ({}, [], frozenset())
     host.clients[ROOT] = 0
-    await until(lambda: state(daemons) == "stopped")
+    await until(daemons, lambda: state(daemons) == "stopped")
     assert host.quits == 1
     assert ROOT not in host.running
     await daemons.close()
@@ -236,9 +234,9 @@ async def test_a_crash_holds_every_gpu_until_the_restart() -> None:
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     host.crash(ROOT)
-    await until(lambda: host.starts == 2 and state(daemons) == "serving")
+    await until(daemons, lambda: host.starts == 2 and state(daemons) == "serving")
     assert GPUS in node.held[1:]
     assert node.held[-1] == frozenset()
     await daemons.close()
@@ -249,10 +247,10 @@ async def test_a_daemon_that_never_starts_stays_held_once_the_budget_is_spent() 
     node = Node(host)
     daemons = node.daemons(RestartBudget(max_restarts=2))
     daemons.apply([PLAN], node.hold)
-    await until(lambda: state(daemons) == "failed")
+    await until(daemons, lambda: state(daemons) == "failed")
     assert host.starts == 3  # the first start and two restarts
     assert node.held[-1] == GPUS
     host.failing = False  # a later config with another plan is tried afresh
     daemons.apply([DaemonPlan(PLAN.resource, ROOT, PLAN.gpu_uuids, (1, 1), 50)], node.hold)
-    await until(lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "serving")
     await daemons.close()

@@ -42,6 +42,7 @@ class MpsHost:
     def __init__(self, launcher: LocalLauncher, mps_root: str) -> None:
         self._launcher = launcher
         self.mps_root = posixpath.normpath(mps_root)
+        self.serving = asyncio.Event()  # set once the socket answers
         self._open = 0
 
     async def serve(self, path: str, stop: asyncio.Event) -> None:
@@ -50,6 +51,7 @@ class MpsHost:
             os.unlink(path)
         server = await asyncio.start_unix_server(self._connection, path=path, limit=LINE_MAX)
         os.chmod(path, 0o600)
+        self.serving.set()
         log.info("mps_control_serving", socket=path, mps_root=self.mps_root)
         try:
             await stop.wait()
