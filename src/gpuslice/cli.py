@@ -159,21 +159,7 @@ def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any
     only the env vars of flags `command` takes. The labeller alone reads GFD_ env vars
     before their unprefixed names, as GFD does. A bad setting ends the command with its
     one-line error."""
-    given = {
-        FLAG_PARAMS[p]: str(v)
-        for p, v in params.items()
-        if p in FLAG_PARAMS
-        and v is not None
-        and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
-    }
-    env = command_env(command, os.environ)
-    if command == "labels":
-        env = GfdEnv(env)
-    try:
-        check_settings(given, env)
-        resolve(Config(), given, env)  # every value checked before anything starts
-    except GpusliceError as exc:
-        fail(exc)
+    given, env = checked_settings(ctx, params, command)
     from gpuslice.wiring import RunOptions
 
     opts = RunOptions(
@@ -189,6 +175,29 @@ def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any
 
         logs.bind(node=node)
     return opts
+
+
+def checked_settings(
+    ctx: click.Context, params: dict[str, Any], command: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(flags given on the command line, env vars of the flags `command` takes), each
+    value checked; a bad one ends the command with its one-line error."""
+    given = {
+        FLAG_PARAMS[p]: str(v)
+        for p, v in params.items()
+        if p in FLAG_PARAMS
+        and v is not None
+        and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
+    }
+    env = command_env(command, os.environ)
+    if command == "labels":
+        env = GfdEnv(env)
+    try:
+        check_settings(given, env)
+        resolve(Config(), given, env)  # every value checked before anything starts
+    except GpusliceError as exc:
+        fail(exc)
+    return given, env
 
 
 @click.group(
@@ -253,11 +262,12 @@ def mps_control(ctx: click.Context, /, log_level: str, log_format: str, **params
     keep running when this command stops, until its container ends.
     """
     start_logs(log_level, log_format)
-    opts = run_options(ctx, params, "mps-control")
+    given, env = checked_settings(ctx, params, "mps-control")
+    from gpuslice.config.flags import setting
     from gpuslice.mps_cmd import run_mps_control
 
     try:
-        asyncio.run(_until_signalled(run_mps_control, opts))
+        asyncio.run(_until_signalled(run_mps_control, lambda name: setting(name, given, env)))
     except GpusliceError as exc:
         fail(exc)
 

@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 from gpuslice.core.errors import ConfigError
-from gpuslice.wiring import RunOptions, mps_binary
 
 SOCKET_NAME = ".mps-control.sock"  # a leading dot: never a resource domain under the root
 
 
-def socket_path(opts: RunOptions) -> str:
-    """Where mps-control listens: --mps-control-socket, else <mps-root>/.mps-control.sock."""
-    return opts.get("mps-control-socket") or os.path.join(opts.get("mps-root"), SOCKET_NAME)
-
-
 async def run_mps_control(
-    opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event | None = None
+    get: Callable[[str], str], stop: asyncio.Event, reload: asyncio.Event | None = None
 ) -> None:
-    root = opts.get("mps-root")
+    """Serve until `stop`. `get(flag)`: a setting (flag > env > default); no more of the
+    agent's wiring is loaded, so this process stays small."""
+    root = get("mps-root")
     if not root or not os.path.isabs(root):
         raise ConfigError(
             f"--mps-root (MPS_ROOT): got {root!r}; expected the absolute host directory of "
@@ -32,5 +29,5 @@ async def run_mps_control(
     from gpuslice.adapters.mps import LocalLauncher, MpsHost
 
     os.makedirs(root, mode=0o755, exist_ok=True)
-    host = MpsHost(LocalLauncher(mps_binary(opts)), root)
-    await host.serve(socket_path(opts), stop)
+    host = MpsHost(LocalLauncher([get("mps-control-binary")]), root)
+    await host.serve(get("mps-control-socket") or os.path.join(root, SOCKET_NAME), stop)

@@ -44,6 +44,7 @@ FREE_FORM = {
     "--cdi-spec-dir", "--node-name", "--node-label", "--default-config", "--namespace",
     "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket", "--proc-root",
     "--mps-control-binary",  # run only under sharing.mps; a bad one holds MPS replicas back
+    "--mps-control-socket",  # the same: a socket nobody serves holds MPS replicas back
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no
