@@ -98,3 +98,17 @@ async def test_no_host_is_one_line_naming_the_socket(tmp_path: Path) -> None:
     remote = RemoteLauncher(str(tmp_path / "none.sock"))
     with pytest.raises(MpsError, match=r"^the MPS control host at .*none.sock does not answer"):
         await remote.running("/mps/nvidia.com/gpu")
+
+
+async def test_a_pid_file_older_than_its_process_is_a_crashed_daemons(tmp_path: Path) -> None:
+    """A process that got a crashed daemon's pid is not taken for that daemon."""
+    pipe = tmp_path / "nvidia.com" / "gpu" / "pipe"
+    pipe.mkdir(parents=True)
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    pid_file.write_text(str(os.getpid()))  # this test's process: it runs
+    launcher = LocalLauncher(SIMULATED)
+    found = await launcher.running(str(pipe.parent))
+    assert found is not None
+    assert found.pid == os.getpid()
+    os.utime(pid_file, (1.0, 1.0))  # written in 1970: long before this process started
+    assert await launcher.running(str(pipe.parent)) is None

@@ -92,7 +92,7 @@ def kill_daemons(root: Path) -> None:
 async def mps_control(root: Path, socket: str) -> AsyncIterator[AgentProcess]:
     """`gpuslice mps-control` with the simulated binary, serving on `socket`."""
     wrapper = root.parent / "mps-sim"
-    wrapper.write_text(f"#!/bin/sh\nexec {' '.join(SIMULATED)} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {" ".join(SIMULATED)} "$@"\n')
     wrapper.chmod(0o755)
     proc = await asyncio.create_subprocess_exec(
         GPUSLICE, "mps-control", "--mps-root", str(root), "--mps-control-socket", socket,

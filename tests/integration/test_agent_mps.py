@@ -378,4 +378,3 @@ async def settled(mps: MpsDaemons | None, done: Callable[[], bool]) -> None:
     """Until `done()` holds, looked at after each change of an MPS daemon."""
     assert mps is not None
     await asyncio.wait_for(mps.settled(done), 10.0)
-

@@ -4,6 +4,7 @@ pipe directory in its env, as upstream and the MPS docs do."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -82,7 +83,16 @@ async def run(
     try:
         out, _ = await asyncio.wait_for(proc.communicate(stdin.encode()), COMMAND_TIMEOUT_S)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        await _kill(proc)
         raise MpsError(f"{name} did not answer within {COMMAND_TIMEOUT_S:g}s") from None
+    except BaseException:  # the agent stops: the command is not left on the host
+        await asyncio.shield(_kill(proc))
+        raise
     return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()

@@ -26,6 +26,7 @@ from gpuslice.core.ports import MpsError
 PID_FILE = "nvidia-cuda-mps-control.pid"
 RECORD = "daemon.json"
 _SMALL = 4096  # a pid file or a record is a few bytes
+_CLOCK_SLACK_S = 2.0  # btime has whole seconds; a daemon writes its pid file once started
 
 
 class LocalLauncher:
@@ -103,10 +104,13 @@ def _subdirs(path: str) -> list[str]:
 
 
 def _pid(root: str) -> int | None:
-    """The pid in the daemon's pid file while that process runs."""
+    """The pid in the daemon's pid file while that process runs: a process started after
+    the file was written is another one that got a crashed daemon's pid."""
+    path = os.path.join(root, "pipe", PID_FILE)
     try:
-        pid = int(_read_small(os.path.join(root, "pipe", PID_FILE)).strip())
-        check_running(pid)
+        pid = int(_read_small(path).strip())
+        if check_running(pid) > os.stat(path, follow_symlinks=False).st_mtime + _CLOCK_SLACK_S:
+            return None
     except (OSError, ValueError):
         return None
     return pid
@@ -140,9 +144,19 @@ async def gone(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
 
 
-def check_running(pid: int) -> None:
-    """OSError unless `pid` runs: a zombie (exited, not yet reaped by its parent) does not."""
+def check_running(pid: int) -> float:
+    """When `pid` started (seconds since the epoch); OSError unless it runs: a zombie
+    (exited, not yet reaped by its parent) does not."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        state = f.read().rsplit(")", 1)[1].split()[0]
-    if state in ("Z", "X"):
+        fields = f.read().rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
         raise ProcessLookupError(pid)
+    return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    with open("/proc/stat", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
