@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agent_harness import AgentLauncher, RunningAgent, write_file
+from agent_harness import AgentLauncher, RunningAgent, one_node_options, write_file
 from mps_harness import (
     GPU,
     TIME_SLICING,
@@ -36,8 +36,8 @@ from gpuslice.services.agent import AgentDeps
 from gpuslice.services.mps import MpsDaemons
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.testing.mps_client import LOST, REFUSED
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.mps_client import LOST, REFUSED, SimulatedClient
+from gpuslice.wiring import node_deps
 
 POLL_S = 0.05  # how often a retiring daemon's clients are counted here
 
@@ -70,6 +70,20 @@ async def start_mps(
     config.write_text(text or mps_config(root))
     flags = {"mps-control-socket": os.path.join(launcher.plugin_dir, "mps.sock")} if hosted else {}
     return await launcher.start("t4x4", config=config, flags=flags, change=fast_polls)
+
+
+async def stopped_under_a_client(
+    kubelet: KubeletStandin, launcher: AgentLauncher, root: Path
+) -> tuple[int, SimulatedClient]:
+    """An agent served by `gpuslice mps-control` stopped while a client is connected:
+    the daemon's pid and the client."""
+    first = await start_mps(launcher, root, hosted=True)
+    await kubelet.wait_for(lambda k: all_healthy(k, True))
+    pid = daemon_pid(pipe_dir(root))
+    assert pid is not None
+    client = await connect(root)
+    await first.shutdown()
+    return pid, client
 
 
 async def reconfigure(running: RunningAgent, text: str) -> None:
@@ -112,12 +126,7 @@ async def test_an_agent_restart_leaves_the_daemon_and_its_clients_alone(
     """Daemons started from `gpuslice mps-control`: the agent stops with a client
     connected, and the daemon and the client run on; the next agent adopts the same
     daemon (same pid, never quit) and serves its replicas Healthy."""
-    first = await start_mps(launcher, root, hosted=True)
-    await kubelet.wait_for(lambda k: all_healthy(k, True))
-    pid = daemon_pid(pipe_dir(root))
-    assert pid is not None
-    client = await connect(root)
-    await first.shutdown()
+    pid, client = await stopped_under_a_client(kubelet, launcher, root)
     assert runs(pid)
     assert client.running
 
@@ -138,12 +147,7 @@ async def test_a_restarted_agent_retires_a_daemon_no_config_wants_once_its_clien
 ) -> None:
     """An agent restarted with time-slicing finds the MPS daemon of the last config:
     quit only after its last client has left, never under it."""
-    first = await start_mps(launcher, root, hosted=True)
-    await kubelet.wait_for(lambda k: all_healthy(k, True))
-    pid = daemon_pid(pipe_dir(root))
-    assert pid is not None
-    client = await connect(root)
-    await first.shutdown()
+    pid, client = await stopped_under_a_client(kubelet, launcher, root)
 
     ts = root.parent / "ts.yaml"
     ts.write_text(TIME_SLICING + f"flags: {{mpsRoot: {root}}}\n")
@@ -203,16 +207,7 @@ async def test_a_gpu_change_waits_for_the_clients_with_the_new_replicas_withheld
     config = root.parent / "mps.yaml"
     config.write_text(mps_config(root, rename=SHARED))
     api = MemoryNodeApi({"node-1": {}})
-    opts = RunOptions(
-        cli_values={
-            "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
-            "config-file": str(config),
-            "node-name": "node-1",
-            "labels": "false",
-        },
-        fake_hardware="t4x4",
-    )
-    node = Node(node_deps(opts, api))
+    node = Node(node_deps(one_node_options(plugin_dir, config), api))
     mps = node.agent.mps
     assert mps is not None
     mps.poll_s = POLL_S

@@ -35,6 +35,7 @@ from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps, plan_daemons
 from gpuslice.core.ports import MpsCommands, MpsError, MpsLauncher
 from gpuslice.core.resources import Resource
 from gpuslice.core.restart import FailureRun, RestartBudget, after_failure
+from gpuslice.core.waiting import unless_stopped
 
 log = structlog.get_logger("gpuslice.mps")
 
@@ -161,15 +162,8 @@ class _Daemon:
 
     async def _until(self, work: Awaitable[None]) -> bool:
         """Wait for `work` or a new plan; True when `work` ended first."""
-        task = asyncio.ensure_future(work)
-        wake = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({task, wake}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (task, wake):
-                t.cancel()
-            await asyncio.gather(task, wake, return_exceptions=True)
-        return task.done() and not task.cancelled() and task.exception() is None
+        task = await unless_stopped(_awaited(work), self._wake)
+        return task is not None and task.exception() is None
 
     async def _failed(self, error: str) -> bool:
         """Count a failure; back off and return True, or give up and return False."""
@@ -312,6 +306,10 @@ class MpsDaemons:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _awaited(work: Awaitable[None]) -> None:
+    await work
 
 
 def _plan_of(running: RunningDaemon, resource: str) -> DaemonPlan:

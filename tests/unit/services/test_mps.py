@@ -120,6 +120,25 @@ async def until(daemons: MpsDaemons, condition: Callable[[], bool]) -> None:
     await asyncio.wait_for(daemons.settled(condition), 5)
 
 
+async def left_running() -> Host:
+    """A host whose daemon of PLAN an agent started, then stopped supervising."""
+    host = Host()
+    first = Node(host).daemons()
+    first.apply([PLAN], Node(host).hold)
+    await until(first, lambda: state(first) == "serving")
+    await first.close()
+    return host
+
+
+async def serving(host: Host) -> tuple[Node, MpsDaemons]:
+    """Supervisors wanting PLAN on `host`, once its daemon serves."""
+    node = Node(host)
+    daemons = node.daemons()
+    daemons.apply([PLAN], node.hold)
+    await until(daemons, lambda: state(daemons) == "serving")
+    return node, daemons
+
+
 def state(daemons: MpsDaemons) -> str:
     return daemons.status().get(PLAN.resource, "")
 
@@ -154,11 +173,7 @@ async def test_apply_returns_while_a_daemon_is_still_starting() -> None:
 
 
 async def test_a_daemon_found_with_the_same_plan_is_adopted_not_restarted() -> None:
-    host = Host()
-    first = Node(host).daemons()
-    first.apply([PLAN], Node(host).hold)
-    await until(first, lambda: state(first) == "serving")
-    await first.close()
+    host = await left_running()
     pid = host.running[ROOT].pid
 
     node = Node(host)
@@ -171,10 +186,7 @@ async def test_a_daemon_found_with_the_same_plan_is_adopted_not_restarted() -> N
 
 async def test_new_limits_are_set_on_the_running_daemon() -> None:
     host = Host()
-    node = Node(host)
-    daemons = node.daemons()
-    daemons.apply([PLAN], node.hold)
-    await until(daemons, lambda: state(daemons) == "serving")
+    node, daemons = await serving(host)
     host.clients[ROOT] = 2
     fewer = DaemonPlan(PLAN.resource, ROOT, PLAN.gpu_uuids, (200, 200), 100)
     daemons.apply([fewer], node.hold)
@@ -186,10 +198,7 @@ async def test_new_limits_are_set_on_the_running_daemon() -> None:
 
 async def test_other_gpus_wait_for_the_clients_then_replace_the_daemon() -> None:
     host = Host()
-    node = Node(host)
-    daemons = node.daemons()
-    daemons.apply([PLAN], node.hold)
-    await until(daemons, lambda: state(daemons) == "serving")
+    node, daemons = await serving(host)
     host.clients[ROOT] = 2
     moved = DaemonPlan(PLAN.resource, ROOT, ("GPU-a",), (100,), 50)
     daemons.apply([moved], node.hold)
@@ -210,11 +219,7 @@ async def test_other_gpus_wait_for_the_clients_then_replace_the_daemon() -> None
 
 
 async def test_unwanted_daemons_are_quit_once_idle_and_hold_nothing() -> None:
-    host = Host()
-    first = Node(host).daemons()
-    first.apply([PLAN], Node(host).hold)
-    await until(first, lambda: state(first) == "serving")
-    await first.close()
+    host = await left_running()
     host.clients[ROOT] = 1
 
     node = Node(host)
@@ -231,10 +236,7 @@ async def test_unwanted_daemons_are_quit_once_idle_and_hold_nothing() -> None:
 
 async def test_a_crash_holds_every_gpu_until_the_restart() -> None:
     host = Host()
-    node = Node(host)
-    daemons = node.daemons()
-    daemons.apply([PLAN], node.hold)
-    await until(daemons, lambda: state(daemons) == "serving")
+    node, daemons = await serving(host)
     host.crash(ROOT)
     await until(daemons, lambda: host.starts == 2 and state(daemons) == "serving")
     assert GPUS in node.held[1:]
