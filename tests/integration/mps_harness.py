@@ -16,6 +16,8 @@ from pathlib import Path
 
 from process_harness import GPUSLICE, AgentProcess, clean_env
 
+from gpuslice.core.mps import DaemonPlan, RunningDaemon
+from gpuslice.core.ports import MpsLauncher
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.mps_client import SimulatedClient
 
@@ -23,6 +25,28 @@ SIMULATED = [sys.executable, "-m", "gpuslice.testing.mps_control"]
 GPU = "nvidia.com/gpu"
 TIME_SLICING = "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n"
 PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
+class GatedStarts:
+    """A launcher whose starts wait while `gate` is clear (the rest passes through)."""
+
+    def __init__(self, inner: MpsLauncher) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def start(self, plan: DaemonPlan) -> RunningDaemon:
+        await self.gate.wait()
+        return await self.inner.start(plan)
+
+    async def running(self, root: str) -> RunningDaemon | None:
+        return await self.inner.running(root)
+
+    async def found(self, mps_root: str) -> tuple[RunningDaemon, ...]:
+        return await self.inner.found(mps_root)
+
+    async def exited(self, daemon: RunningDaemon) -> None:
+        await self.inner.exited(daemon)
 
 
 def mps_config(root: Path, replicas: int = 4, devices: str = "all", rename: str = "") -> str:
@@ -106,3 +130,4 @@ async def mps_control(root: Path, socket: str) -> AsyncIterator[AgentProcess]:
         yield host
     finally:
         await host.kill()
+        print(f"gpuslice mps-control (status {host.proc.returncode}):\n{host.log}")

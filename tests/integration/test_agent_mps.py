@@ -17,6 +17,7 @@ from agent_harness import AgentLauncher, RunningAgent, one_node_options, write_f
 from mps_harness import (
     GPU,
     TIME_SLICING,
+    GatedStarts,
     all_healthy,
     connect,
     daemon_pid,
@@ -248,18 +249,23 @@ async def test_a_daemon_crash_with_clients_connected_is_restarted(
     kubelet: KubeletStandin, launcher: AgentLauncher, root: Path, host: AgentProcess
 ) -> None:
     """SIGKILL of the daemon under a client: the client loses its server (a CUDA
-    error), every replica goes Unhealthy, a new daemon starts with the same limits, the
-    replicas come back Healthy and a new client is served."""
-    await start_mps(launcher, root, hosted=True)
+    error), every replica goes Unhealthy until a new daemon has started with the same
+    limits, the replicas come back Healthy and a new client is served."""
+    running = await start_mps(launcher, root, hosted=True)
     await kubelet.wait_for(lambda k: all_healthy(k, True))
+    mps = running.agent.mps
+    assert mps is not None
+    gated = GatedStarts(mps.launcher)
+    mps.launcher = gated
     first = daemon_pid(pipe_dir(root))
     assert first is not None
     client = await connect(root)
+    gated.gate.clear()  # the restart waits until the Unhealthy replicas were seen
     os.kill(first, signal.SIGKILL)
     status, error = await client.ended()
     assert (status, error) == (LOST, "CUDA error: the MPS server went away")
-    # Down for at least the restart backoff and a daemon start: long enough to be seen.
     await kubelet.wait_for(lambda k: all_healthy(k, False), 10.0)
+    gated.gate.set()
     await kubelet.wait_for(lambda k: all_healthy(k, True), 10.0)
     assert daemon_pid(pipe_dir(root)) not in (None, first)
     again = await connect(root)

@@ -1,22 +1,25 @@
 """MPS control daemons, one supervised per MPS resource directory, that outlive the agent.
 
-Each resource directory (<mpsRoot>/<resource>) has one supervisor, a task that brings
-what runs there to what the config wants, one step at a time:
+Each resource directory (<mpsRoot>/<resource>) has one supervisor, a state machine in
+services.machine's idiom (the plugin servers' too). Each step looks at what runs there
+and takes one action towards what the config wants; its outcome decides the next:
 
-    nothing runs, a plan wanted     -> STARTING: start the daemon (core.restart's backoff
-                                       and budget on failure: BACKING_OFF, FAILED)
-    a daemon runs that keeps the plan -> SERVING: its limits set for new clients
-                                       (set_default_* and set_* per server, no restart);
-                                       a daemon found at start is adopted so
-    a daemon runs that cannot         -> WAITING: its clients are left to finish; once it
-      (other GPUs, or no plan)           has none it is quit and, when a plan is wanted,
-                                       the new daemon started. It is never killed.
+    nothing runs, a plan wanted      STARTING: start the daemon; look again
+    a daemon runs that keeps the plan  set its limits for new clients if they differ
+                                     (set_default_* and set_* per server, no restart):
+                                     SERVING, watching it exit (a daemon found at start
+                                     is adopted so)
+    a daemon runs that cannot stay    it has clients: WAITING, counted again after
+      (other GPUs, or no plan)       POLL_S; none: quit (never killed), look again
+    nothing runs, nothing wanted     STOPPED
+    an error, or the daemon exited   BACKING_OFF by core.restart's backoff, FAILED once
+                                     its budget is spent (a new plan is tried afresh)
 
-The supervisors only ever wait on the daemon, so applying a config returns at once.
-While a resource's daemon is not SERVING its plan, every GPU of the resource is held
-Unhealthy (PluginManager.hold_unhealthy, by "mps"): the replicas are withheld, and a
-wait for clients shows in `waiting` (readiness) and in one Event per wait. Stopping the
-agent leaves every daemon running; the next agent adopts them.
+Applying a config only sets each supervisor's plan and returns. While a resource's
+daemon is not SERVING its plan, every GPU of the resource is held Unhealthy (by "mps"):
+the replicas are withheld, and a wait for clients shows in `waiting` (readiness) and in
+one Event per wait. Stopping the agent leaves every daemon running (CLOSED); the next
+agent adopts them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import enum
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 import structlog
 
@@ -35,7 +39,7 @@ from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps, plan_daemons
 from gpuslice.core.ports import MpsCommands, MpsError, MpsLauncher
 from gpuslice.core.resources import Resource
 from gpuslice.core.restart import FailureRun, RestartBudget, after_failure
-from gpuslice.core.waiting import unless_stopped
+from gpuslice.services.machine import Machine, TimerDue
 
 log = structlog.get_logger("gpuslice.mps")
 
@@ -47,126 +51,132 @@ POLL_S = 5.0  # how often a retiring daemon's clients are counted
 
 
 class Phase(enum.Enum):
-    STARTING = "starting"
+    STARTING = "starting"  # looking, starting a daemon or setting its limits
     SERVING = "serving"
     WAITING = "waiting"  # for the clients of a daemon that must go
     BACKING_OFF = "backing_off"
     FAILED = "failed"  # the restart budget is spent
     STOPPED = "stopped"  # nothing runs, nothing wanted
+    CLOSED = "closed"  # no longer supervised (the agent stops): the daemon runs on
 
 
-class _Daemon:
-    """The supervisor of one resource directory."""
+@dataclass(frozen=True)
+class Wake:
+    changed: bool  # the plan is another one
+
+
+@dataclass(frozen=True)
+class Close: ...
+
+
+@dataclass(frozen=True)
+class Again:  # look again at once (a daemon was started or quit)
+    started: int | None = None  # the pid of the daemon this step started
+
+
+@dataclass(frozen=True)
+class Serving:
+    running: RunningDaemon
+    plan: DaemonPlan
+
+
+@dataclass(frozen=True)
+class Waiting:
+    why: str
+
+
+@dataclass(frozen=True)
+class Stopped: ...
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+
+
+Outcome = Again | Serving | Waiting | Stopped | Failed
+
+
+@dataclass(frozen=True)
+class Done:
+    step: int
+    outcome: Outcome
+
+
+class _Daemon(Machine[Phase]):
+    """The supervisor of one resource directory (services.machine's idiom): each look at
+    the directory is one step, whose outcome decides the next."""
 
     def __init__(self, root: str, resource: str, owner: MpsDaemons) -> None:
         self.root, self.resource = root, resource
-        self.want: DaemonPlan | None = None
+        self.want: DaemonPlan | None = None  # desired: set by apply, read by each look
         self.served: DaemonPlan | None = None  # the plan the running daemon has, while SERVING
-        self.phase = Phase.STARTING
-        self.waiting: str | None = None  # why new replicas are withheld, while WAITING
+        self.waiting: str | None = None  # why it waits for clients, while WAITING
         self._owner = owner
-        self._wake = asyncio.Event()
         self._failures = FailureRun()
         self._started: int | None = None  # the pid of the daemon this agent started last
-        self._task: asyncio.Task[None] | None = None
+        super().__init__(resource, Phase.STARTING, Phase.CLOSED)
 
     @property
     def up(self) -> bool:
-        return self.phase is Phase.SERVING and self.want is not None and self.served == self.want
+        return self.state is Phase.SERVING and self.want is not None and self.served == self.want
 
     def wanted(self, plan: DaemonPlan | None) -> None:
         changed, self.want = plan != self.want, plan
-        self._wake.set()
-        if self._task is None or (self._task.done() and (changed or self.phase is Phase.STOPPED)):
-            self._failures = FailureRun()  # a new plan after giving up is tried afresh
-            self._task = asyncio.create_task(self._run())
+        self.post(Wake(changed))
 
-    async def cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            self._wake.clear()
-            want = self.want
-            try:
-                running = await self._owner.launcher.running(self.root)
-                if running is None and want is None:
-                    self._set(Phase.STOPPED)
-                    return
-                if running is None:
-                    assert want is not None
-                    await self._start(want)
-                elif want is None or not keeps(running, want):
-                    await self._retire(running, want)
-                else:
-                    await self._serve(running, want)
-            except MpsError as exc:
-                if not await self._failed(str(exc)):
-                    return
-
-    def _set(self, phase: Phase, waiting: str | None = None) -> None:
-        self.phase, self.waiting = phase, waiting
-        if phase is not Phase.SERVING:
+    def set(self, state: Phase, waiting: str | None = None) -> None:
+        self.waiting = waiting
+        if state is not Phase.SERVING:
             self.served = None
+        super().set(state)
         self._owner.changed()
 
-    async def _start(self, plan: DaemonPlan) -> None:
-        self._set(Phase.STARTING)
-        daemon = await self._owner.launcher.start(plan)
-        self._started = daemon.pid
-        log.info("mps_daemon_started", resource=self.resource, pid=daemon.pid, gpus=_gpus(plan))
+    async def handle(self, event: object) -> None:
+        if isinstance(event, Close):
+            await self.cancel_step()
+            self.set(Phase.CLOSED)
+        elif isinstance(event, Wake):
+            if self.state is Phase.FAILED:
+                if not event.changed:
+                    return
+                self._failures = FailureRun()  # a new plan after giving up is tried afresh
+            await self._look()
+        elif isinstance(event, TimerDue) and self.current(event.step):
+            await self._look()
+        elif isinstance(event, Done) and self.current(event.step):
+            await self._outcome(event.outcome)
 
-    async def _serve(self, running: RunningDaemon, plan: DaemonPlan) -> None:
-        if self.served != plan:
-            adopted = running.pid != self._started
-            await self._owner.commands.limit(plan)
-            self.served = plan
-            log.info(
-                "mps_daemon_limits_set",
-                resource=self.resource,
-                pid=running.pid,
-                pinned_mib=",".join(map(str, plan.pinned_mib)),
-                thread_percentage=plan.thread_percentage,
-                adopted=adopted,
-            )
-        self._set(Phase.SERVING)
-        if await self._until(self._owner.launcher.exited(running)):
-            again = await self._owner.launcher.running(self.root)
-            if again is None or again.pid != running.pid:
-                raise MpsError(f"the MPS daemon of {self.resource} (pid {running.pid}) exited")
+    async def _look(self) -> None:
+        if self.state not in (Phase.SERVING, Phase.WAITING):
+            self.set(Phase.STARTING)
+        want, served, started = self.want, self.served, self._started
+        await self.spawn(lambda step: self._work(step, want, served, started))
 
-    async def _retire(self, running: RunningDaemon, want: DaemonPlan | None) -> None:
-        """Quit a daemon that cannot stay, once it has no clients; never kill it."""
-        old = _plan_of(running, self.resource)
-        try:
-            clients = await self._owner.commands.clients(old)
-        except MpsError as exc:  # it answers nothing, so it serves nobody: asked again
-            log.warning("mps_daemon_unanswered", resource=self.resource, error=str(exc))
-            clients = -1
-        if clients:
-            why = _why_waiting(self.resource, running, want, clients)
-            if self.waiting != why:
-                log.warning("mps_daemon_waiting", resource=self.resource, detail=why)
-                if want is not None and self.phase is not Phase.WAITING:
-                    self._owner.notify_later(why)
-            self._set(Phase.WAITING, why)
-            await self._until(self._owner.sleep(self._owner.poll_s))
-            return
-        self._set(Phase.WAITING, None)
-        with contextlib.suppress(MpsError):  # a client came meanwhile: quit still ends it
-            await self._owner.commands.quit(old)
-        await self._until(self._owner.launcher.exited(running))
-        log.info("mps_daemon_quit", resource=self.resource, pid=running.pid)
+    async def _outcome(self, outcome: Outcome) -> None:
+        owner = self._owner
+        if isinstance(outcome, Again):
+            self._started = outcome.started or self._started
+            await self._look()
+        elif isinstance(outcome, Serving):
+            self.set(Phase.SERVING)
+            self.served = outcome.plan
+            owner.changed()
+            await self.spawn(lambda step: self._watch(step, outcome.running, outcome.plan))
+        elif isinstance(outcome, Waiting):
+            if self.waiting != outcome.why:
+                log.warning("mps_daemon_waiting", resource=self.resource, detail=outcome.why)
+                if self.want is not None and self.state is not Phase.WAITING:
+                    owner.notify_later(outcome.why)
+            self.set(Phase.WAITING, outcome.why)
+            await self.timer(owner.poll_s, owner.sleep)
+        elif isinstance(outcome, Stopped):
+            self.set(Phase.STOPPED)
+        else:
+            await self._failed(outcome.error)
 
-    async def _until(self, work: Awaitable[None]) -> bool:
-        """Wait for `work` or a new plan; True when `work` ended first."""
-        task = await unless_stopped(_awaited(work), self._wake)
-        return task is not None and task.exception() is None
-
-    async def _failed(self, error: str) -> bool:
-        """Count a failure; back off and return True, or give up and return False."""
+    async def _failed(self, error: str) -> None:
+        """Count a failure: look again after the backoff, or give up."""
         owner = self._owner
         verdict = after_failure(self._failures, owner.clock(), owner.budget)
         self._failures = verdict.run
@@ -178,14 +188,84 @@ class _Daemon:
                 budget=owner.budget.describe(),
                 error=error,
             )
-            self._set(Phase.FAILED)
-            return False
+            self.set(Phase.FAILED)
+            return
         log.error(
             "mps_daemon_failed", resource=self.resource, error=error, retry_in_s=verdict.retry_in_s
         )
-        self._set(Phase.BACKING_OFF)
-        await self._until(owner.sleep(verdict.retry_in_s))
-        return True
+        self.set(Phase.BACKING_OFF)
+        await self.timer(verdict.retry_in_s, owner.sleep)
+
+    # --- steps: they only look, act and post their outcome ---------------------------------
+
+    async def _work(
+        self, step: int, want: DaemonPlan | None, served: DaemonPlan | None, started: int | None
+    ) -> None:
+        try:
+            outcome = await self._act(want, served, started)
+        except MpsError as exc:
+            outcome = Failed(str(exc))
+        self.post(Done(step, outcome))
+
+    async def _act(
+        self, want: DaemonPlan | None, served: DaemonPlan | None, started: int | None
+    ) -> Outcome:
+        """One step towards `want`: start, set limits, wait for clients or quit."""
+        launcher, commands = self._owner.launcher, self._owner.commands
+        running = await launcher.running(self.root)
+        if running is None and want is None:
+            return Stopped()
+        if running is None:
+            assert want is not None
+            daemon = await launcher.start(want)
+            self._started = daemon.pid
+            log.info("mps_daemon_started", resource=self.resource, pid=daemon.pid, gpus=_gpus(want))
+            return Again()
+        if want is None or not keeps(running, want):
+            return await self._retire(running, want)
+        if served != want:
+            await commands.limit(want)
+            log.info(
+                "mps_daemon_limits_set",
+                resource=self.resource,
+                pid=running.pid,
+                pinned_mib=",".join(map(str, want.pinned_mib)),
+                thread_percentage=want.thread_percentage,
+                adopted=running.pid != started,
+            )
+        return Serving(running, want)
+
+    async def _retire(self, running: RunningDaemon, want: DaemonPlan | None) -> Outcome:
+        """Quit a daemon that cannot stay, once it has no clients; never kill it."""
+        old = _plan_of(running, self.resource)
+        try:
+            clients = await self._owner.commands.clients(old)
+        except MpsError as exc:  # it answers nothing, so it serves nobody: asked again
+            log.warning("mps_daemon_unanswered", resource=self.resource, error=str(exc))
+            clients = -1
+        if clients:
+            return Waiting(_why_waiting(self.resource, running, want, clients))
+        with contextlib.suppress(MpsError):  # a client came meanwhile: quit still ends it
+            await self._owner.commands.quit(old)
+        await self._owner.launcher.exited(running)
+        log.info("mps_daemon_quit", resource=self.resource, pid=running.pid)
+        return Again()
+
+    async def _watch(self, step: int, running: RunningDaemon, plan: DaemonPlan) -> None:
+        """While serving: post once the daemon exits (or can no longer be watched)."""
+        outcome: Outcome
+        try:
+            await self._owner.launcher.exited(running)
+            again = await self._owner.launcher.running(self.root)
+        except MpsError as exc:
+            outcome = Failed(str(exc))
+        else:
+            outcome = (
+                Serving(again, plan)
+                if again is not None and again.pid == running.pid
+                else Failed(f"the MPS daemon of {self.resource} (pid {running.pid}) exited")
+            )
+        self.post(Done(step, outcome))
 
 
 class MpsDaemons:
@@ -247,7 +327,7 @@ class MpsDaemons:
         }
 
     def status(self) -> dict[str, str]:
-        return {d.resource: d.phase.value for d in self.daemons.values()}
+        return {d.resource: d.state.value for d in self.daemons.values()}
 
     async def close(self) -> None:
         """Stop supervising; every daemon keeps running for the next agent."""
@@ -255,8 +335,11 @@ class MpsDaemons:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         daemons, self.daemons = list(self.daemons.values()), {}
-        await asyncio.gather(*(d.cancel() for d in daemons))
-        running = [d.resource for d in daemons if d.phase is not Phase.STOPPED]
+        left = [d.resource for d in daemons if d.state is not Phase.STOPPED]
+        for daemon in daemons:
+            daemon.post(Close())
+        await asyncio.gather(*(d.join() for d in daemons))
+        running = left
         if running:
             log.info("mps_daemons_left_running", resources=",".join(running))
         self.changed()
@@ -306,10 +389,6 @@ class MpsDaemons:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-async def _awaited(work: Awaitable[None]) -> None:
-    await work
 
 
 def _plan_of(running: RunningDaemon, resource: str) -> DaemonPlan:

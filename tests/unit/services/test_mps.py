@@ -29,12 +29,14 @@ class Host:
         self.starts = 0
         self.quits = 0
         self.gate: asyncio.Event | None = None  # set: a start waits for it
+        self.starting = asyncio.Event()  # a start was asked for
         self._exits: dict[int, asyncio.Event] = {}
         self._next = 100
 
     # the launcher
     async def start(self, plan: DaemonPlan) -> RunningDaemon:
         self.starts += 1
+        self.starting.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.failing:
@@ -164,7 +166,7 @@ async def test_apply_returns_while_a_daemon_is_still_starting() -> None:
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
-    await until(daemons, lambda: host.starts == 1)
+    await asyncio.wait_for(host.starting.wait(), 5)
     assert state(daemons) == "starting"
     assert node.held[-1] == GPUS
     host.gate.set()
