@@ -10,24 +10,41 @@ import asyncio
 import os
 from collections.abc import Callable
 
+from gpuslice.config.checks import show
 from gpuslice.core.errors import ConfigError
 
 SOCKET_NAME = ".mps-control.sock"  # a leading dot: never a resource domain under the root
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
 
 
 async def run_mps_control(
     get: Callable[[str], str], stop: asyncio.Event, reload: asyncio.Event | None = None
 ) -> None:
     """Serve until `stop`. `get(flag)`: a setting (flag > env > default); no more of the
-    agent's wiring is loaded, so this process stays small."""
+    agent's wiring is loaded, so this process stays small. Raises ConfigError (one line)
+    when the root or the socket cannot be used."""
     root = get("mps-root")
     if not root or not os.path.isabs(root):
         raise ConfigError(
-            f"--mps-root (MPS_ROOT): got {root!r}; expected the absolute host directory of "
-            "the MPS daemons, as the agent's mpsRoot (NVIDIA's Helm chart uses /run/nvidia/mps)"
+            f"--mps-root (MPS_ROOT): got {show(root)}; expected the absolute host directory "
+            "of the MPS daemons, as the agent's mpsRoot (NVIDIA's Helm chart uses "
+            "/run/nvidia/mps)"
+        )
+    socket = get("mps-control-socket") or os.path.join(root, SOCKET_NAME)
+    where = "--mps-control-socket (GPUSLICE_MPS_CONTROL_SOCKET)"
+    if len(os.fsencode(socket)) > SOCKET_PATH_MAX:
+        raise ConfigError(
+            f"{where}: got {show(socket)}; expected a path of at most {SOCKET_PATH_MAX} bytes "
+            "(a unix socket's limit)"
         )
     from gpuslice.adapters.mps import LocalLauncher, MpsHost
 
-    os.makedirs(root, mode=0o755, exist_ok=True)
+    try:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {exc.strerror}") from None
     host = MpsHost(LocalLauncher([get("mps-control-binary")]), root)
-    await host.serve(get("mps-control-socket") or os.path.join(root, SOCKET_NAME), stop)
+    try:
+        await host.serve(socket, stop)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot serve on {show(socket)}: {exc.strerror}") from None

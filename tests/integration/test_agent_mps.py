@@ -369,7 +369,7 @@ def test_mps_control_refuses_a_relative_root_in_one_line(tmp_path: Path) -> None
     result = run_once("mps-control", "--mps-root", "run/mps")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        "gpuslice: error: --mps-root (MPS_ROOT): got 'run/mps'; expected the absolute host "
+        'gpuslice: error: --mps-root (MPS_ROOT): got "run/mps"; expected the absolute host '
         "directory of the MPS daemons, as the agent's mpsRoot (NVIDIA's Helm chart uses "
         "/run/nvidia/mps)"
     ]

@@ -113,6 +113,8 @@ def _base(command: str, tmp: Path, i: int) -> dict[str, str]:
             "--node-name": "fuzz-node",
             "--log-level": "warning",
         }
+    if command == "mps-control":
+        return {"--mps-root": str(tmp / f"mps-{i}"), "--log-level": "warning"}
     return {"--fake-hardware": "t4"}
 
 
@@ -169,7 +171,7 @@ def _run(case: Case, cwd: Path) -> Outcome:
     env: dict[bytes, bytes] = {k.encode(): v.encode() for k, v in clean_env().items()}
     env.update({k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in case.env.items()})
     argv = [GPUSLICE.encode(), *(a if isinstance(a, bytes) else a.encode() for a in case.argv)]
-    wait = RUNNING_S if case.may_run and case.argv[0] == "run" else EXIT_WITHIN_S
+    wait = RUNNING_S if case.may_run and case.argv[0] in ("run", "mps-control") else EXIT_WITHIN_S
     proc = subprocess.Popen(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -228,7 +230,7 @@ def tmp() -> Iterator[Path]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("command", ["run", "labels", "inspect"])
+@pytest.mark.parametrize("command", ["run", "labels", "inspect", "mps-control"])
 def test_bad_values_of_every_option_and_env_var(command: str, tmp: Path) -> None:
     _fuzz(_cases(command, tmp), tmp)
 
