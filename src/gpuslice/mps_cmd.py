@@ -42,7 +42,8 @@ async def run_mps_control(
     try:
         os.makedirs(root, mode=0o755, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {exc.strerror}") from None
+        why = exc.strerror
+        raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {why}") from None
     host = MpsHost(LocalLauncher([get("mps-control-binary")]), root)
     try:
         await host.serve(socket, stop)
