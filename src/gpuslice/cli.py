@@ -250,10 +250,18 @@ def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any
 
 
 @main.command("mps-control")
+@click.option(
+    "--simulated",
+    is_flag=True,
+    help="start the testing kit's simulated control daemon instead of the control binary "
+    "(a node without GPUs, as `run --fake-hardware`)",
+)
 @flag_options("mps-control")
 @log_options
 @click.pass_context
-def mps_control(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -> None:
+def mps_control(
+    ctx: click.Context, /, simulated: bool, log_level: str, log_format: str, **params: Any
+) -> None:
     """Start MPS control daemons for the agent, from a pod of their own.
 
     Listens on --mps-control-socket (default <mps-root>/.mps-control.sock) until
@@ -267,7 +275,12 @@ def mps_control(ctx: click.Context, /, log_level: str, log_format: str, **params
     from gpuslice.mps_cmd import run_mps_control
 
     try:
-        asyncio.run(_until_signalled(run_mps_control, lambda name: setting(name, given, env)))
+        asyncio.run(
+            _until_signalled(
+                lambda get, stop, reload: run_mps_control(get, stop, simulated=simulated),
+                lambda name: setting(name, given, env),
+            )
+        )
     except GpusliceError as exc:
         fail(exc)
 

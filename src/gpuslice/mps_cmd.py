@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable
 
 from gpuslice.config.checks import show
@@ -18,7 +19,7 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
 
 
 async def run_mps_control(
-    get: Callable[[str], str], stop: asyncio.Event, reload: asyncio.Event | None = None
+    get: Callable[[str], str], stop: asyncio.Event, *, simulated: bool = False
 ) -> None:
     """Serve until `stop`. `get(flag)`: a setting (flag > env > default); no more of the
     agent's wiring is loaded, so this process stays small. Raises ConfigError (one line)
@@ -44,7 +45,10 @@ async def run_mps_control(
     except OSError as exc:
         why = exc.strerror
         raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {why}") from None
-    host = MpsHost(LocalLauncher([get("mps-control-binary")]), root)
+    binary = [get("mps-control-binary")]
+    if simulated:
+        binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
+    host = MpsHost(LocalLauncher(binary), root)
     try:
         await host.serve(socket, stop)
     except OSError as exc:

@@ -114,13 +114,10 @@ def kill_daemons(root: Path) -> None:
 
 @contextlib.asynccontextmanager
 async def mps_control(root: Path, socket: str) -> AsyncIterator[AgentProcess]:
-    """`gpuslice mps-control` with the simulated binary, serving on `socket`."""
-    wrapper = root.parent / "mps-sim"
-    wrapper.write_text(f'#!/bin/sh\nexec {" ".join(SIMULATED)} "$@"\n')
-    wrapper.chmod(0o755)
+    """`gpuslice mps-control --simulated`, serving on `socket`."""
     proc = await asyncio.create_subprocess_exec(
-        GPUSLICE, "mps-control", "--mps-root", str(root), "--mps-control-socket", socket,
-        "--mps-control-binary", str(wrapper),
+        GPUSLICE, "mps-control", "--simulated", "--mps-root", str(root),
+        "--mps-control-socket", socket,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, env=clean_env(),
     )  # fmt: skip
