@@ -1,3 +1,3 @@
-from gpuslice.cli import main
+from gpuslice.entry import main
 
 main()

@@ -10,7 +10,7 @@ import yaml
 
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import load_each
-from gpuslice.core.admission import CappedNames, admission_objects, capped_names
+from gpuslice.core.admission import CappedNames, admission_objects, capped_names, check_names
 from gpuslice.core.errors import ConfigError
 
 
@@ -37,5 +37,6 @@ def render(objects: list[dict[str, Any]], output: str) -> str:
 def render_admission(
     path: str | Path, *, config_name: str | None, name: str, namespace: str, output: str
 ) -> str:
+    check_names(name, namespace)  # before reading configs: a bad option is said first
     capped = capped_in(path, name=config_name)
     return render(admission_objects(capped, name=name, namespace=namespace), output)

@@ -19,6 +19,7 @@ from gpuslice import __version__
 from gpuslice.config.flags import FLAGS, GfdEnv, check_settings, command_env, resolve
 from gpuslice.config.v1 import Config
 from gpuslice.core.errors import GpusliceError
+from gpuslice.entry import take_held_reload
 
 F = TypeVar("F", bound=Callable[..., Any])
 FLAG_PARAMS = {f.param: f.name for f in FLAGS}
@@ -294,6 +295,8 @@ async def _until_signalled(
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
+    if take_held_reload():  # one came while starting: it asked for a re-read too
+        reload.set()
     await serve(opts, stop, reload)
 
 

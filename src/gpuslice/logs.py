@@ -4,6 +4,10 @@ In JSON mode every line the process writes to stderr is a JSON event: gRPC C-cor
 Python itself (warnings, a thread's traceback) write to file descriptor 2 directly, so
 capture_stderr() makes it a pipe whose lines one thread logs as events, and the log
 itself goes to the real stderr.
+
+Logging never stops work: a line that cannot be written (the reader of the log pipe
+gone, a closed stream) is dropped (LineSink), never raised into the code that logged
+it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import re
 import sys
 import threading
 from collections.abc import Mapping
-from typing import TextIO
+from typing import TextIO, cast
 
 import structlog
 
@@ -52,12 +56,46 @@ def setup(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, LineSink(stream or sys.stderr))),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
     if bound:
         bind(**bound)
+
+
+class LineSink:
+    """The stream log lines go to, written a whole line at a time (to its file descriptor
+    when it has one); a line that cannot be written (EPIPE, EAGAIN, a closed stream) is
+    dropped: there is nowhere left to say so."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        try:
+            self._fd: int | None = stream.fileno()
+        except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation, closed
+            self._fd = None
+        self._pending: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._pending.append(text)
+        if "\n" in text:
+            line, self._pending = "".join(self._pending), []
+            with contextlib.suppress(OSError, ValueError):
+                self._write(line)
+        return len(text)
+
+    def _write(self, line: str) -> None:
+        if self._fd is None:
+            self._stream.write(line)
+            self._stream.flush()
+            return
+        data = line.encode("utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def flush(self) -> None:
+        """Lines are written as they end; nothing waits here."""
 
 
 def bind(**fields: str) -> None:

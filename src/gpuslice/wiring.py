@@ -477,10 +477,12 @@ def accounting(
     overrides = parse_budgets(opts.get("memory-budget"))
     policy = Policy(opts.get("memory-budget-policy"))
     owners: ProcessOwners | None = None
+    kill = _kill  # simulated: the events file says which pod a PID is in
     if not opts.fake_hardware:
         from gpuslice.adapters.cgroups import CgroupOwners
 
-        owners = CgroupOwners(opts.get("proc-root"))
+        cgroups = CgroupOwners(opts.get("proc-root"))
+        owners, kill = cgroups, cgroups.kill
     events = cast(PodEvents, api) if hasattr(api, "record_pod_event") else None
 
     def build(agent: Agent) -> tuple[Sampler, Watchdog | None]:
@@ -489,7 +491,7 @@ def accounting(
             overrides,
             lambda: agent.snapshot,
             hold=agent.manager.hold_unhealthy,
-            kill=_kill,
+            kill=kill,
             events=events,
             metrics=metrics,
         )

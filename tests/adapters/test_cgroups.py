@@ -43,6 +43,7 @@ def proc_tree(root: Path, files: dict[int, str]) -> Path:
     for pid, text in files.items():
         (root / str(pid)).mkdir(parents=True)
         (root / str(pid) / "cgroup").write_text(text)
+        (root / str(pid) / "stat").write_text(f"{pid} (python3) S {' '.join(['0'] * 18)} 4242 0\n")
     return root
 
 

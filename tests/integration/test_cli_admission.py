@@ -94,6 +94,12 @@ def test_the_rendered_objects_pass_every_kubernetes_schema_from_1_30(tmp_path: P
         (("--config-file", "a", "--config-file-srcdir", "b"), "give one of"),
         (("--config-file", "/nonexistent.yaml"), "/nonexistent.yaml: cannot read"),
         (("--output", "xml", "--config-file", "x"), "'xml' is not one of 'yaml', 'json'"),
+        (("--config-file", "x", "--name", "a" * 229), "--name: 'aaaa"),
+        (("--config-file", "x", "--name", "GPU"), "--name: 'GPU' cannot prefix object names"),
+        (("--config-file", "x", "--name", "a..b"), "--name: 'a..b'"),
+        (("--config-file", "x", "--namespace", "a" * 64), "--namespace: 'aaaa"),
+        (("--config-file", "x", "--namespace", "kube.system"), "is not a namespace name"),
+        (("--config-file", "x", "--namespace", "-x"), "--namespace: '-x'"),
     ],
 )
 def test_mistakes_end_in_one_line(args: tuple[str, ...], expected: str) -> None:
@@ -102,6 +108,14 @@ def test_mistakes_end_in_one_line(args: tuple[str, ...], expected: str) -> None:
     assert out == ""
     assert len(err.strip().splitlines()) == 1
     assert expected in err
+
+
+def test_the_longest_accepted_prefix_makes_names_the_api_server_accepts() -> None:
+    code, out, err = render("--config-file", str(CONFIGMAP), "--name", "a" * 228)
+    assert code == 0, err
+    names = [o["metadata"]["name"] for o in objects(out)]
+    assert max(len(n) for n in names) == 253
+    assert render("--config-file", str(CONFIGMAP), "--name", "a" * 229)[0] != 0
 
 
 def test_a_bad_config_refuses_the_whole_render(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ ignored and reported in the policy's `warnings`, as upstream ignores them.
 
 Recovery: an unset or empty variable keeps the default. Durations are Go-style strings
 ("30s", "1m30s") or "infinite": never re-probe (hold-down) or count recoveries forever
-(flap window). A bad value is a one-line ConfigError naming the variable.
+(flap window). A bad value is a one-line ConfigError naming the variable. The hold-down
+has a floor: a transient mark re-probed every nanosecond would spin a core.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _DURATION = 'a positive duration such as "30s", "2m" or "1m30s", or "infinite"'
 _COUNT = "a whole number, 0 or more (0: never recover)"
 _XIDS = 'a comma list of XID numbers such as "48,79,95", or "none"'
 _NUMBER = re.compile(r"[0-9]{1,9}")
+HOLDDOWN_FLOOR_S = 0.05  # at most 20 re-probes a second: more only burns a core
 
 
 def xid_policy_from_env(env: Mapping[str, str]) -> XidPolicy:
@@ -55,7 +57,7 @@ def recovery_from_env(env: Mapping[str, str]) -> RecoveryPolicy:
     """The recovery policy the env vars ask for. Raises ConfigError naming the variable."""
     default = RecoveryPolicy()
     return RecoveryPolicy(
-        holddown_s=_duration(env, HOLDDOWN_ENV, default.holddown_s),
+        holddown_s=_holddown(env, default.holddown_s),
         max_flaps=_count(env, MAX_FLAPS_ENV, default.max_flaps),
         flap_window_s=_duration(env, FLAP_WINDOW_ENV, default.flap_window_s),
         fatal_xids=_xids(env, FATAL_XIDS_ENV, default.fatal_xids),
@@ -99,6 +101,17 @@ def _duration(env: Mapping[str, str], name: str, default: float | None) -> float
         return duration_seconds(text)
     except ValueError:
         raise _fail(name, env, _DURATION) from None
+
+
+def _holddown(env: Mapping[str, str], default: float | None) -> float | None:
+    seconds = _duration(env, HOLDDOWN_ENV, default)
+    if seconds is not None and seconds < HOLDDOWN_FLOOR_S:
+        raise _fail(
+            HOLDDOWN_ENV,
+            env,
+            f'a duration of at least {HOLDDOWN_FLOOR_S * 1000:g}ms, or "infinite"',
+        )
+    return seconds
 
 
 def _count(env: Mapping[str, str], name: str, default: int) -> int:

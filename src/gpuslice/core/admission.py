@@ -13,10 +13,12 @@ stay under it), it is warned about. Pure data; the YAML is written at the edges.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice.core.errors import ConfigError
 from gpuslice.core.resources import servable_name
 from gpuslice.core.sharing import NONE, ResourceSettings
 
@@ -166,12 +168,38 @@ def object_names(name: str) -> dict[str, str]:
     }
 
 
+# The API server's rules: object names are DNS-1123 subdomains, namespaces DNS-1123 labels.
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_NAMESPACE = re.compile(_LABEL)
+_MAX_NAME, _MAX_NAMESPACE = 253, 63
+
+
+def check_names(name: str, namespace: str) -> None:
+    """ConfigError (one line naming the option) unless the API server accepts every object
+    name made from `name` (its suffixes included) and `namespace`."""
+    if len(namespace) > _MAX_NAMESPACE or not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"--namespace: {namespace!r} is not a namespace name: lowercase letters, digits "
+            f"and '-', starting and ending with a letter or digit, at most {_MAX_NAMESPACE}"
+        )
+    longest = max(len(n) for n in object_names(name).values()) - len(name)
+    if len(name) > _MAX_NAME - longest or not _SUBDOMAIN.fullmatch(name):
+        raise ConfigError(
+            f"--name: {name!r} cannot prefix object names: lowercase letters, digits, '-' and "
+            "'.', each dot-separated part starting and ending with a letter or digit, at most "
+            f"{_MAX_NAME - longest} characters (the longest name adds {longest})"
+        )
+
+
 def params_data(names: Iterable[str], action: str) -> dict[str, str]:
     return {RESOURCES_KEY: ",".join(names), NODES_KEY: NODES[action]}
 
 
 def admission_objects(capped: CappedNames, *, name: str, namespace: str) -> list[dict[str, Any]]:
-    """The policy, its Deny and Warn bindings and their params ConfigMaps in `namespace`."""
+    """The policy, its Deny and Warn bindings and their params ConfigMaps in `namespace`.
+    Raises ConfigError for a name or namespace the API server would refuse."""
+    check_names(name, namespace)
     names = object_names(name)
     api = "admissionregistration.k8s.io/v1"
     out: list[dict[str, Any]] = [

@@ -49,9 +49,10 @@ def preferred_allocation(
         raise InvalidRequest(f"allocation size must be at least 1, got {size}")
     avail = known_devices(resource, available, "available devices")
     known_devices(resource, must_include, "must-include devices")
-    missing = [d for d in must_include if d not in {a.id for a in avail}]
-    if missing:
-        raise InvalidRequest(f"must-include device {missing[0]!r} is not among the available ones")
+    offered = set(available)  # one set: a request may list thousands of IDs
+    missing = next((d for d in must_include if d not in offered), None)
+    if missing is not None:
+        raise InvalidRequest(f"must-include device {missing!r} is not among the available ones")
     if len(must_include) > size:
         raise InvalidRequest(
             f"{len(must_include)} must-include devices exceed the allocation size {size}"

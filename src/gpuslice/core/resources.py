@@ -193,6 +193,8 @@ def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> t
                 replace(dev, id=replica_id(dev.physical_id, n), replicas=where.replicas)
                 for n in range(where.replicas)
             )
+    for name, devs in grouped.items():
+        _check_list_size(name, devs)
     return tuple(
         Resource(
             name=name,
@@ -203,6 +205,47 @@ def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> t
         for name, devs in sorted(grouped.items())
         if devs
     )
+
+
+# The kubelet reads ListAndWatch with gRPC's default receive limit: a longer message is
+# dropped by the kubelet, and the resource is never served.
+KUBELET_RECEIVE_LIMIT = 4 * 1024 * 1024
+_LONGEST_HEALTH = len("Unhealthy")
+
+
+def _varint_bytes(value: int) -> int:
+    value &= (1 << 64) - 1  # a negative int64 takes ten bytes
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _field_bytes(length: int) -> int:
+    """A length-delimited field (tag under 16): tag, length, payload."""
+    return 1 + _varint_bytes(length) + length
+
+
+def list_and_watch_bytes(devices: Iterable[AdvertisedDevice]) -> int:
+    """The serialized size of a ListAndWatchResponse listing `devices`, each Unhealthy
+    (the longer health word): the most that resource's message can ever be."""
+    total = 0
+    for dev in devices:
+        size = _field_bytes(_LONGEST_HEALTH)
+        if dev.id:  # proto3 writes no empty string
+            size += _field_bytes(len(dev.id.encode()))
+        if dev.numa_node is not None:  # topology { nodes { ID } }; ID 0 is not written
+            node = 1 + _varint_bytes(dev.numa_node) if dev.numa_node else 0
+            size += _field_bytes(_field_bytes(node))
+        total += _field_bytes(size)
+    return total
+
+
+def _check_list_size(name: str, devices: list[AdvertisedDevice]) -> None:
+    size = list_and_watch_bytes(devices)
+    if size > KUBELET_RECEIVE_LIMIT:
+        raise HardwareError(
+            f"{name}: {len(devices)} devices make a ListAndWatch message of {size} bytes, over "
+            f"the kubelet's 4 MiB gRPC receive limit ({KUBELET_RECEIVE_LIMIT} bytes), so the "
+            "kubelet could not read it; advertise fewer replicas"
+        )
 
 
 def serving(

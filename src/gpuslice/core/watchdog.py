@@ -28,6 +28,10 @@ class Policy(StrEnum):
     TERMINATE = "terminate"  # and SIGKILL its largest process
 
 
+class NotProvenError(Exception):
+    """The process to kill cannot be proven to be in the container over budget."""
+
+
 POLICIES = tuple(p.value for p in Policy)
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?)?")
 _UNITS = {"": 1, **{u: 1000 ** (i + 1) for i, u in enumerate("KMGTP")}}

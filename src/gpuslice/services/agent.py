@@ -287,8 +287,8 @@ class Agent:
         async for name, kind in events:
             if name == KUBELET_SOCKET and kind == "created":
                 await self.manager.kubelet_restarted()
-            elif kind == "deleted":
-                # Its supervisor tells a lost socket from an older file of ours: a
+            else:  # deleted, or replaced (a file renamed over it)
+                # Its supervisor tells a lost or replaced socket from a file of ours: a
                 # restart stops the old server (removing its socket) first.
                 for res, handler in self.manager.handlers.items():
                     if handler.resource.socket_name == name:

@@ -20,6 +20,7 @@ changes nothing served: `status` says so until it recovers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
@@ -44,6 +45,7 @@ from gpuslice.services.config_source import Entries, EntrySource
 log = structlog.get_logger("gpuslice.config")
 
 S = TypeVar("S")
+T = TypeVar("T")
 REJECTED_REASON = "ConfigRejected"
 DEBOUNCE_S = 0.1
 
@@ -164,14 +166,14 @@ class ConfigManager(Generic[S]):
         """Apply the first config after the first read of the Node (raising when it is bad),
         then follow changes until `stop` is set; each set of `reload` re-reads. Changes
         seen while the first config is still being applied are read right after it."""
+        stop = stop or asyncio.Event()
         labels = self._source.watch_node_labels(self._node)
         try:
-            async with self._entries.changes() as entry_changes:
-                first = await anext(labels, None)
-                if first is None:
-                    raise GpusliceError(f"the watch of Node {self._node} ended before a first read")
-                self._label_value = first.get(self._label) or None
-                log.info("node_labels_read", label=self._label, value=self._label_value)
+            async with contextlib.AsyncExitStack() as opened:
+                # The first reads may hang on a silent API server: a stop ends them.
+                entry_changes = await _unless_stopped(stop, self._open(labels, opened))
+                if entry_changes is None:
+                    return
                 loops = [
                     self._start(),
                     self._follow_labels(labels),
@@ -180,11 +182,23 @@ class ConfigManager(Generic[S]):
                 ]
                 if reload is not None:
                     loops.append(self._reload_on(reload))
-                await _run_until(stop or asyncio.Event(), loops)
+                await _run_until(stop, loops)
         finally:
             aclose = getattr(labels, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _open(
+        self, labels: AsyncIterator[dict[str, str]], opened: contextlib.AsyncExitStack
+    ) -> AsyncIterator[str]:
+        """The entries' changes (after the source's first read) and the Node's first labels."""
+        entry_changes = await opened.enter_async_context(self._entries.changes())
+        first = await anext(labels, None)
+        if first is None:
+            raise GpusliceError(f"the watch of Node {self._node} ended before a first read")
+        self._label_value = first.get(self._label) or None
+        log.info("node_labels_read", label=self._label, value=self._label_value)
+        return entry_changes
 
     async def _start(self) -> None:
         await self._refresh("start")
@@ -320,6 +334,20 @@ class ConfigManager(Generic[S]):
             await reload.wait()
             reload.clear()
             await self.reload()
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`'s result, or None when `stop` is set first (`work` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, stopper, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 async def _run_until(stop: asyncio.Event, loops: list[Coroutine[Any, Any, None]]) -> None:

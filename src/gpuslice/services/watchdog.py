@@ -12,7 +12,7 @@ from gpuslice.core.attribution import MIB, Attribution, ContainerUsage
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.metrics import GpuRef
 from gpuslice.core.ports import Metrics, PodEvents
-from gpuslice.core.watchdog import Breach, Key, Policy, budgets, decide
+from gpuslice.core.watchdog import Breach, Key, NotProvenError, Policy, budgets, decide
 
 log = structlog.get_logger("gpuslice.watchdog")
 
@@ -27,7 +27,7 @@ class Watchdog:
         hardware: Callable[[], HardwareSnapshot],
         *,
         hold: Callable[[frozenset[str]], object],  # PluginManager.hold_unhealthy
-        kill: Callable[[int], None],  # SIGKILL a host PID
+        kill: Callable[[int], None],  # SIGKILL a host PID proven in its container
         events: PodEvents | None,
         metrics: Metrics,
     ) -> None:
@@ -96,6 +96,9 @@ class Watchdog:
             self._kill(pid)
         except ProcessLookupError:
             return "gone", f"process {pid} had already exited"
+        except NotProvenError as exc:
+            log.warning("memory_budget_kill_refused", pid=pid, reason=str(exc))
+            return "refused", f"process {pid} not killed: {exc}"
         except OSError as exc:
             log.error("memory_budget_kill_failed", pid=pid, error=str(exc))
             return "failed", f"process {pid} could not be killed: {exc.strerror or exc}"

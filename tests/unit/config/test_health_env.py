@@ -61,6 +61,13 @@ def test_infinite_and_none_have_their_meanings() -> None:
             '"30s", "2m" or "1m30s", or "infinite"',
         ),
         ("GPUSLICE_HEALTH_HOLDDOWN", "0s", None),
+        (
+            "GPUSLICE_HEALTH_HOLDDOWN",
+            "1ns",
+            'GPUSLICE_HEALTH_HOLDDOWN: got "1ns"; expected a duration of at least 50ms, '
+            'or "infinite"',
+        ),
+        ("GPUSLICE_HEALTH_HOLDDOWN", "49ms", None),
         ("GPUSLICE_HEALTH_HOLDDOWN", "-5s", None),
         ("GPUSLICE_HEALTH_FLAP_WINDOW", "ten minutes", None),
         (

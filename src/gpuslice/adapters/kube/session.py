@@ -10,7 +10,7 @@ raises WatchGone or WatchBroken instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -141,10 +141,9 @@ class ApiSession:
                     await resp.aread()
                     raise _watch_failure(resp.status_code, _status_message(resp.content))
                 yield WatchEvent(OPENED, project(_Object()), None)
-                async for line in resp.aiter_lines():
-                    if line.strip():
-                        yield _decode_event(line, project)
-        except httpx2.TransportError as exc:
+                async for line in _lines(resp.aiter_bytes(), MAX_EVENT_BYTES):
+                    yield _decode_event(line, project)
+        except httpx2.HTTPError as exc:  # transport, or a body that does not decode
             raise WatchBroken(f"watch {what}: {_one_line(exc)}") from exc
 
     async def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -240,8 +239,14 @@ class ApiSession:
             if code == 409:
                 raise Conflict(text, transient=True) from exc
             raise BackendError(text, transient=code >= 500 or code == 429) from exc
-        except msgspec.ValidationError as exc:  # an answer lightkube's models cannot hold
-            raise BackendError(f"{what}: unexpected answer: {_one_line(exc)}") from exc
+        except httpx2.HTTPError as exc:  # a body that does not decode (bad gzip, bad chunks)
+            raise BackendError(
+                f"{what}: unreadable answer from {self.server}: {_one_line(exc)}", transient=True
+            ) from exc
+        except msgspec.DecodeError as exc:  # not JSON, or not what lightkube's models hold
+            raise BackendError(
+                f"{what}: unexpected answer: {_one_line(exc)}", transient=True
+            ) from exc
 
 
 class _Meta(msgspec.Struct, rename="camel"):
@@ -272,7 +277,32 @@ class _Event(msgspec.Struct):
     object: _Object
 
 
-def _decode_event(line: str, project: Callable[[_Object], T]) -> WatchEvent[T]:
+# One watch event is one object: a ConfigMap holds at most 1 MiB, which JSON escaping
+# may grow a few times. A longer line is a broken watch, not a reason to grow.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The non-blank lines of a byte stream; WatchBroken for one longer than `limit`."""
+    line = bytearray()
+    async for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line += chunk[start:end]
+            start = end + 1
+            if len(line) > limit:
+                break
+            if line.strip():
+                yield bytes(line)
+            line.clear()
+        line += chunk[start:]
+        if len(line) > limit:
+            raise WatchBroken(f"watch event over {limit} bytes")
+    if line.strip():
+        yield bytes(line)
+
+
+def _decode_event(line: bytes, project: Callable[[_Object], T]) -> WatchEvent[T]:
     try:
         event = msgspec.json.decode(line, type=_Event)
     except msgspec.DecodeError as exc:

@@ -5,12 +5,18 @@ receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
 reaches the servicer. A server that stops without stop() being called (the gRPC
 server ended under us) is reported through wait_down(). A socket file another live
 process serves (another device plugin) is never replaced: start() raises SocketTaken.
+
+gRPC binds under a private name beside it, and the socket is then renamed into place:
+gRPC unlinks the path it bound when it stops, which would otherwise remove whatever file
+then has the public name (another process's socket). stop() removes the public file only
+while it is still the one we bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import stat
@@ -34,6 +40,7 @@ _log = structlog.get_logger()
 # device list the kubelet can take in, hence no request built from one, is larger.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 SERVER_OPTIONS = (("grpc.max_receive_message_length", MAX_REQUEST_BYTES),)
+_BINDS = itertools.count()
 
 
 class ServerError(GpusliceError):
@@ -78,23 +85,27 @@ class DevicePluginServer:
                 f"another device plugin serves {self.resource_name} on {self.socket_path}; "
                 "gpuslice leaves it alone and serves once it is gone"
             )
-        try:
-            _unlink(self.socket_path)
-        except OSError as exc:
-            reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
-            raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
+        private = os.path.join(
+            os.path.dirname(self.socket_path), f".gs{os.getpid()}-{next(_BINDS)}"
+        )
         servicer = DevicePluginServicer(self.handler, self._metrics)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
-            server.add_insecure_port(unix_target(self.socket_path))
+            _unlink(private)  # left by a process of ours with this PID that was killed
+            server.add_insecure_port(unix_target(private))
+            await server.start()
+            os.rename(private, self.socket_path)  # atomic: a stale file is replaced
+        except OSError as exc:
+            await server.stop(None)
+            reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
+            raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
         except RuntimeError as exc:
             await server.stop(None)
             reason = f"cannot serve {self.resource_name} on {self.socket_path}: {exc}"
             raise ServerError(reason) from None
-        await server.start()
         self._server, self._servicer = server, servicer
-        self._bound = file_id(self.socket_path)
+        self._bound = file_id(self.socket_path)  # after the rename, which sets its ctime
         self._watch = asyncio.create_task(self._watch_termination(server))
         _log.info("plugin_serving", resource=self.resource_name, socket=self.socket_path)
 

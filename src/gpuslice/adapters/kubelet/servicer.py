@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -18,11 +18,15 @@ from gpuslice.core.ports import Metrics, PluginHandler
 
 _log = structlog.get_logger()
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _Ctx = grpc.aio.ServicerContext[Any, Any]
 _OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)
 # Status details travel in a trailer, which clients cap (gRPC: 8 KiB soft, 16 KiB hard);
 # a longer one, say an absurd device ID quoted back, would arrive as a transport error.
 MAX_DETAIL_CHARS = 512
+# The kubelet sends one container per call; a request listing more is refused before any
+# work (gRPC's 4 MiB receive limit bounds the bytes, this bounds the calls into the core).
+MAX_CONTAINER_REQUESTS = 64
 
 
 def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
@@ -31,6 +35,14 @@ def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
         return text
     head, tail = text[: limit * 2 // 3], text[-(limit // 4) :]
     return f"{head}...[{len(text) - len(head) - len(tail)} characters cut]...{tail}"
+
+
+def _bounded(requests: Sequence[_R]) -> Sequence[_R]:
+    if len(requests) > MAX_CONTAINER_REQUESTS:
+        raise InvalidRequest(
+            f"{len(requests)} container requests in one call; at most {MAX_CONTAINER_REQUESTS}"
+        )
+    return requests
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -105,7 +117,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                             req.allocation_size,
                         )
                     )
-                    for req in request.container_requests
+                    for req in _bounded(request.container_requests)
                 ]
             ),
         )
@@ -122,7 +134,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             lambda: pb.AllocateResponse(
                 container_responses=[
                     allocation_to_pb(allocate(list(req.devices_ids)))
-                    for req in request.container_requests
+                    for req in _bounded(request.container_requests)
                 ]
             ),
         )

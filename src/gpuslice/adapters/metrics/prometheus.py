@@ -92,7 +92,7 @@ class PrometheusMetrics:
         self._budget_actions = Counter(
             "gpuslice_memory_budget_actions_total",
             "Containers over their GPU memory budget acted on, by policy (report, unhealthy, "
-            "terminate) and outcome (reported, held, killed, gone, failed).",
+            "terminate) and outcome (reported, held, killed, gone, refused, failed).",
             ["gpu", "UUID", "modelName", "hostname", "resource", "policy", "outcome"],
             registry=r,
         )

@@ -4,9 +4,19 @@ RBAC enforcement included. Never a replacement for an API server."""
 
 from gpuslice.testing.apiserver.access import Access, Grant, access_of
 from gpuslice.testing.apiserver.kubeconfig import TOKEN, write_kubeconfig
-from gpuslice.testing.apiserver.server import NFD, NODES, WAIT_S, FakeApiServer, Request
+from gpuslice.testing.apiserver.server import (
+    BAD_GZIP,
+    GARBAGE,
+    NFD,
+    NODES,
+    WAIT_S,
+    FakeApiServer,
+    Request,
+)
 
 __all__ = [
+    "BAD_GZIP",
+    "GARBAGE",
     "NFD",
     "NODES",
     "TOKEN",

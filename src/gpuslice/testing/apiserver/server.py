@@ -16,8 +16,10 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 The test side plays the cluster (put_node, delete_node, put_config_map,
 delete_config_map, put_pod, bookmark), breaks
 watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
-end_watches: a clean end, as on the server's timeout), injects failures (fail_next) and
-inspects every request it received, with the status code it was answered.
+end_watches: a clean end, as on the server's timeout), injects failures (fail_next),
+answers with broken bodies (corrupt_next: bytes that are not JSON, or a body that says
+gzip and is not), never answers (stall_next: the request is read and left hanging until
+close()), and inspects every request it received, with the status code it was answered.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ from gpuslice.testing.apiserver.watches import DROP, END, Watches
 NODES = "/api/v1/nodes"
 NAMESPACES = "/api/v1/namespaces/"
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
+GARBAGE = "garbage"  # corrupt_next: a 200 whose body is not JSON (nor UTF-8)
+BAD_GZIP = "gzip"  # corrupt_next: a 200 that says Content-Encoding gzip and is not gzip
+_CORRUPT = {
+    GARBAGE: (b'\x00\xff{"kind": \x9c[[[\n\xfe\n', ""),
+    BAD_GZIP: (b"\x1f\x8b\x08\x00 not gzip", "gzip"),
+}
 WAIT_S = 5.0  # every awaited condition here is met in milliseconds when things work
 USER = "system:serviceaccount:gpu-operator:gpuslice"
 
@@ -80,6 +88,8 @@ class FakeApiServer:
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
         self._failures: list[tuple[str, str, int]] = []
+        self._corruptions: list[tuple[str, str, str | bytes]] = []
+        self._stalls: list[tuple[str, str]] = []
         self._arrived = asyncio.Condition()
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -215,6 +225,15 @@ class FakeApiServer:
         """Answer the next `method` request whose path contains `path_part` with `code`."""
         self._failures.append((method, path_part, code))
 
+    def corrupt_next(self, method: str, path_part: str, how: str | bytes = GARBAGE) -> None:
+        """Answer the next `method` request (a watch too) whose path contains `path_part`
+        with 200 and a broken body: GARBAGE, BAD_GZIP, or these bytes."""
+        self._corruptions.append((method, path_part, how))
+
+    def stall_next(self, method: str, path_part: str) -> None:
+        """Never answer the next `method` request whose path contains `path_part`."""
+        self._stalls.append((method, path_part))
+
     # inspection
 
     def of(self, method: str, path_part: str = "") -> list[Request]:
@@ -276,6 +295,16 @@ class FakeApiServer:
                     self._failures.remove(failure)
                     refused = failure[2], status(failure[2], "Injected", "injected")
                     break
+        for stall in self._stalls:
+            if stall[0] == method and stall[1] in url.path:
+                self._stalls.remove(stall)
+                await asyncio.Event().wait()  # until close() cancels this connection
+        for corruption in self._corruptions if refused is None else ():
+            if corruption[0] == method and corruption[1] in url.path:
+                self._corruptions.remove(corruption)
+                how = corruption[2]
+                broken = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
+                return await self._reply_raw(writer, req, *broken)
         if refused is None and req.is_watch:
             return await self._watch(req, writer)
         code, body = refused or self._route(req)
@@ -291,11 +320,22 @@ class FakeApiServer:
     async def _reply(
         self, writer: asyncio.StreamWriter, req: Request, code: int, body: Any
     ) -> None:
+        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code)
+
+    async def _reply_raw(
+        self,
+        writer: asyncio.StreamWriter,
+        req: Request,
+        data: bytes,
+        encoding: str = "",
+        *,
+        code: int = 200,
+    ) -> None:
         req.code = code
-        data = json.dumps(body).encode()
+        coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
         writer.write(
             f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            f"{coding}Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
             + data
         )
         await writer.drain()

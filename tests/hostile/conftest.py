@@ -1,0 +1,24 @@
+"""The hostile-input suite runs agents as the integration tests do: the same harness
+modules and fixtures (plugin_dir, kubelet, launcher, faults, processes, logged)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
+sys.path.insert(0, str(_INTEGRATION))
+_spec = importlib.util.spec_from_file_location("integration_fixtures", _INTEGRATION / "conftest.py")
+assert _spec is not None
+assert _spec.loader is not None
+_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fixtures)
+
+quiet_logs = _fixtures.quiet_logs
+plugin_dir = _fixtures.plugin_dir
+kubelet = _fixtures.kubelet
+launcher = _fixtures.launcher
+faults = _fixtures.faults
+processes = _fixtures.processes
+logged = _fixtures.logged
