@@ -134,7 +134,7 @@ async def test_an_agent_restart_leaves_the_daemon_and_its_clients_alone(
     second = await start_mps(launcher, root, hosted=True)
     await kubelet.wait_for(lambda k: all_healthy(k, True))
     assert second.agent.mps is not None
-    assert second.agent.mps.status() == {GPU: "serving"}
+    assert second.agent.mps.status() == {GPU: "running"}
     assert daemon_pid(pipe_dir(root)) == pid
     assert client.running
     late = await connect(root)
@@ -297,7 +297,7 @@ async def test_a_resource_that_goes_away_is_quit_after_its_clients_and_not_with_
         await connect(root)
 
     await reconfigure(running, mps_config(root))
-    await settled(mps, lambda: mps.status() == {GPU: "serving"})
+    await settled(mps, lambda: mps.status() == {GPU: "running"})
     await kubelet.wait_for(lambda k: all_healthy(k, True))
     pid = daemon_pid(pipe_dir(root))
     assert pid is not None

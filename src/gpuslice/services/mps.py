@@ -1,32 +1,32 @@
 """MPS control daemons, one supervised per MPS resource directory, that outlive the agent.
 
-Each resource directory (<mpsRoot>/<resource>) has one supervisor, a state machine in
-services.machine's idiom (the plugin servers' too). Each step looks at what runs there
-and takes one action towards what the config wants; its outcome decides the next:
+Each resource directory (<mpsRoot>/<resource>) has one supervisor: services.supervision's
+state machine (the plugin servers' too), whose target's start() brings the directory to
+what the config wants:
 
-    nothing runs, a plan wanted      STARTING: start the daemon; look again
-    a daemon runs that keeps the plan  set its limits for new clients if they differ
-                                     (set_default_* and set_* per server, no restart):
-                                     SERVING, watching it exit (a daemon found at start
-                                     is adopted so)
-    a daemon runs that cannot stay    it has clients: WAITING, counted again after
-      (other GPUs, or no plan)       POLL_S; none: quit (never killed), look again
-    nothing runs, nothing wanted     STOPPED
-    an error, or the daemon exited   BACKING_OFF by core.restart's backoff, FAILED once
-                                     its budget is spent (a new plan is tried afresh)
+    a daemon runs that keeps the plan    adopted: its limits set for new clients if they
+                                         differ (set_default_* and set_* per server)
+    a daemon runs that cannot stay       it has clients: start() raises MustWait and the
+      (other GPUs, or no plan)           supervisor is WAITING, looking again every POLL_S;
+                                         none: it is quit (never killed)
+    nothing runs (any more)              a daemon is started for the plan, limits set
 
-Applying a config only sets each supervisor's plan and returns. While a resource's
-daemon is not SERVING its plan, every GPU of the resource is held Unhealthy (by "mps"):
-the replicas are withheld, and a wait for clients shows in `waiting` (readiness) and in
-one Event per wait. Stopping the agent leaves every daemon running (CLOSED); the next
-agent adopts them.
+then RUNNING, watching the daemon: one that exits is a failure (BACKING_OFF by
+core.restart's backoff, FAILED once its budget is spent; a new plan is tried afresh). A
+new plan restarts the supervisor: its take-down only stops the watch, never the daemon.
+With no plan left, a supervisor whose start() found nothing to run is STOPPED.
+
+Applying a config only sets each supervisor's plan and posts an event. While a
+resource's daemon is not RUNNING its plan, every GPU of the resource is held Unhealthy
+(by "mps"): the replicas are withheld, and a wait for clients shows in `waiting`
+(readiness) and in one Event per wait. Stopping the agent stops the supervisors only:
+every daemon runs on, and the next agent adopts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -38,8 +38,8 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps, plan_daemons
 from gpuslice.core.ports import MpsCommands, MpsError, MpsLauncher
 from gpuslice.core.resources import Resource
-from gpuslice.core.restart import FailureRun, RestartBudget, after_failure
-from gpuslice.services.machine import Machine, TimerDue
+from gpuslice.core.restart import FailureRun, RestartBudget
+from gpuslice.services.supervision import Start, State, Supervisor, TimerDue, Timing
 
 log = structlog.get_logger("gpuslice.mps")
 
@@ -50,193 +50,63 @@ Notify = Callable[[str], Awaitable[None]]  # records a Node Event
 POLL_S = 5.0  # how often a retiring daemon's clients are counted
 
 
-class Phase(enum.Enum):
-    STARTING = "starting"  # looking, starting a daemon or setting its limits
-    SERVING = "serving"
-    WAITING = "waiting"  # for the clients of a daemon that must go
-    BACKING_OFF = "backing_off"
-    FAILED = "failed"  # the restart budget is spent
-    STOPPED = "stopped"  # nothing runs, nothing wanted
-    CLOSED = "closed"  # no longer supervised (the agent stops): the daemon runs on
+QUIT_WAIT_S = 10.0  # how long a quit daemon without clients is given to exit
+
+
+class MustWait(Exception):  # noqa: N818 - reads as what it means
+    """The daemon there has clients and cannot stay: its new one waits for them."""
 
 
 @dataclass(frozen=True)
-class Wake:
+class Replan:
     changed: bool  # the plan is another one
 
 
-@dataclass(frozen=True)
-class Close: ...
-
-
-@dataclass(frozen=True)
-class Again:  # look again at once (a daemon was started or quit)
-    started: int | None = None  # the pid of the daemon this step started
-
-
-@dataclass(frozen=True)
-class Serving:
-    running: RunningDaemon
-    plan: DaemonPlan
-
-
-@dataclass(frozen=True)
-class Waiting:
-    why: str
-
-
-@dataclass(frozen=True)
-class Stopped: ...
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: str
-
-
-Outcome = Again | Serving | Waiting | Stopped | Failed
-
-
-@dataclass(frozen=True)
-class Done:
-    step: int
-    outcome: Outcome
-
-
-class _Daemon(Machine[Phase]):
-    """The supervisor of one resource directory (services.machine's idiom): each look at
-    the directory is one step, whose outcome decides the next."""
+class _Daemon:
+    """What the supervisor of one resource directory keeps running (a Supervised):
+    start() brings the directory to `want` one way or another, or raises."""
 
     def __init__(self, root: str, resource: str, owner: MpsDaemons) -> None:
         self.root, self.resource = root, resource
-        self.want: DaemonPlan | None = None  # desired: set by apply, read by each look
-        self.served: DaemonPlan | None = None  # the plan the running daemon has, while SERVING
-        self.waiting: str | None = None  # why it waits for clients, while WAITING
-        self._owner = owner
-        self._failures = FailureRun()
+        self.want: DaemonPlan | None = None  # desired: set by apply, read at each start
+        self.served: DaemonPlan | None = None  # the plan the running daemon has
+        self.running: RunningDaemon | None = None
         self._started: int | None = None  # the pid of the daemon this agent started last
-        super().__init__(resource, Phase.STARTING, Phase.CLOSED)
+        self._down: str | None = None
+        self._owner = owner
 
-    @property
-    def up(self) -> bool:
-        return self.state is Phase.SERVING and self.want is not None and self.served == self.want
-
-    def wanted(self, plan: DaemonPlan | None) -> None:
-        changed, self.want = plan != self.want, plan
-        self.post(Wake(changed))
-
-    def set(self, state: Phase, waiting: str | None = None) -> None:
-        self.waiting = waiting
-        if state is not Phase.SERVING:
-            self.served = None
-        super().set(state)
-        self._owner.changed()
-
-    async def handle(self, event: object) -> None:
-        if isinstance(event, Close):
-            await self.cancel_step()
-            self.set(Phase.CLOSED)
-        elif isinstance(event, Wake):
-            if self.state is Phase.FAILED:
-                if not event.changed:
-                    return
-                self._failures = FailureRun()  # a new plan after giving up is tried afresh
-            await self._look()
-        elif isinstance(event, TimerDue) and self.current(event.step):
-            await self._look()
-        elif isinstance(event, Done) and self.current(event.step):
-            await self._outcome(event.outcome)
-
-    async def _look(self) -> None:
-        if self.state not in (Phase.SERVING, Phase.WAITING):
-            self.set(Phase.STARTING)
-        want, served, started = self.want, self.served, self._started
-        await self.spawn(lambda step: self._work(step, want, served, started))
-
-    async def _outcome(self, outcome: Outcome) -> None:
-        owner = self._owner
-        if isinstance(outcome, Again):
-            self._started = outcome.started or self._started
-            await self._look()
-        elif isinstance(outcome, Serving):
-            self.set(Phase.SERVING)
-            self.served = outcome.plan
-            owner.changed()
-            await self.spawn(lambda step: self._watch(step, outcome.running, outcome.plan))
-        elif isinstance(outcome, Waiting):
-            if self.waiting != outcome.why:
-                log.warning("mps_daemon_waiting", resource=self.resource, detail=outcome.why)
-                if self.want is not None and self.state is not Phase.WAITING:
-                    owner.notify_later(outcome.why)
-            self.set(Phase.WAITING, outcome.why)
-            await self.timer(owner.poll_s, owner.sleep)
-        elif isinstance(outcome, Stopped):
-            self.set(Phase.STOPPED)
-        else:
-            await self._failed(outcome.error)
-
-    async def _failed(self, error: str) -> None:
-        """Count a failure: look again after the backoff, or give up."""
-        owner = self._owner
-        verdict = after_failure(self._failures, owner.clock(), owner.budget)
-        self._failures = verdict.run
-        if verdict.retry_in_s is None:
-            log.error(
-                "mps_daemon_gave_up",
-                resource=self.resource,
-                failures=verdict.run.count,
-                budget=owner.budget.describe(),
-                error=error,
-            )
-            self.set(Phase.FAILED)
-            return
-        log.error(
-            "mps_daemon_failed", resource=self.resource, error=error, retry_in_s=verdict.retry_in_s
-        )
-        self.set(Phase.BACKING_OFF)
-        await self.timer(verdict.retry_in_s, owner.sleep)
-
-    # --- steps: they only look, act and post their outcome ---------------------------------
-
-    async def _work(
-        self, step: int, want: DaemonPlan | None, served: DaemonPlan | None, started: int | None
-    ) -> None:
-        try:
-            outcome = await self._act(want, served, started)
-        except MpsError as exc:
-            outcome = Failed(str(exc))
-        self.post(Done(step, outcome))
-
-    async def _act(
-        self, want: DaemonPlan | None, served: DaemonPlan | None, started: int | None
-    ) -> Outcome:
-        """One step towards `want`: start, set limits, wait for clients or quit."""
-        launcher, commands = self._owner.launcher, self._owner.commands
+    async def start(self) -> None:
+        """Adopt the daemon there when it keeps `want`, else quit it once it has no
+        clients (MustWait while it has) and start one; then set `want`'s limits."""
+        launcher, want = self._owner.launcher, self.want
+        self._down = None
         running = await launcher.running(self.root)
-        if running is None and want is None:
-            return Stopped()
+        if running is not None and (want is None or not keeps(running, want)):
+            await self._retire(running, want)
+            running = None
+        if want is None:
+            self.running = self.served = None
+            return
         if running is None:
-            assert want is not None
-            daemon = await launcher.start(want)
-            self._started = daemon.pid
-            log.info("mps_daemon_started", resource=self.resource, pid=daemon.pid, gpus=_gpus(want))
-            return Again()
-        if want is None or not keeps(running, want):
-            return await self._retire(running, want)
-        if served != want:
-            await commands.limit(want)
+            running = await launcher.start(want)
+            self._started = running.pid
+            log.info(
+                "mps_daemon_started", resource=self.resource, pid=running.pid, gpus=_gpus(want)
+            )
+        if self.running != running or self.served != want:
+            await self._owner.commands.limit(want)
             log.info(
                 "mps_daemon_limits_set",
                 resource=self.resource,
                 pid=running.pid,
                 pinned_mib=",".join(map(str, want.pinned_mib)),
                 thread_percentage=want.thread_percentage,
-                adopted=running.pid != started,
+                adopted=running.pid != self._started,
             )
-        return Serving(running, want)
+        self.running, self.served = running, want
 
-    async def _retire(self, running: RunningDaemon, want: DaemonPlan | None) -> Outcome:
-        """Quit a daemon that cannot stay, once it has no clients; never kill it."""
+    async def _retire(self, running: RunningDaemon, want: DaemonPlan | None) -> None:
+        """Quit a daemon that cannot stay once it has no clients; never kill it."""
         old = _plan_of(running, self.resource)
         try:
             clients = await self._owner.commands.clients(old)
@@ -244,28 +114,117 @@ class _Daemon(Machine[Phase]):
             log.warning("mps_daemon_unanswered", resource=self.resource, error=str(exc))
             clients = -1
         if clients:
-            return Waiting(_why_waiting(self.resource, running, want, clients))
+            raise MustWait(_why_waiting(self.resource, running, want, clients))
         with contextlib.suppress(MpsError):  # a client came meanwhile: quit still ends it
             await self._owner.commands.quit(old)
-        await self._owner.launcher.exited(running)
-        log.info("mps_daemon_quit", resource=self.resource, pid=running.pid)
-        return Again()
-
-    async def _watch(self, step: int, running: RunningDaemon, plan: DaemonPlan) -> None:
-        """While serving: post once the daemon exits (or can no longer be watched)."""
-        outcome: Outcome
         try:
-            await self._owner.launcher.exited(running)
-            again = await self._owner.launcher.running(self.root)
-        except MpsError as exc:
-            outcome = Failed(str(exc))
+            await asyncio.wait_for(self._owner.launcher.exited(running), QUIT_WAIT_S)
+        except TimeoutError:
+            raise MustWait(_why_waiting(self.resource, running, want, -1)) from None
+        log.info("mps_daemon_quit", resource=self.resource, pid=running.pid)
+
+    def down(self) -> str | None:
+        return self._down
+
+    async def wait_down(self) -> str:
+        """Return once the daemon started or adopted exits (never, when none runs)."""
+        running = self.running
+        if running is None:
+            await asyncio.Event().wait()
+        assert running is not None
+        while True:
+            try:
+                await self._owner.launcher.exited(running)
+                again = await self._owner.launcher.running(self.root)
+            except MpsError as exc:
+                again, self._down = None, str(exc)
+            if again is None or again.pid != running.pid:
+                self.served = self.running = None
+                self._down = self._down or f"the MPS daemon (pid {running.pid}) exited"
+                return self._down
+            # the same daemon: only its watch ended (mps-control restarted); watched again
+
+    async def stop(self) -> None:
+        """Stop supervising: the daemon runs on (the next agent adopts it)."""
+
+
+class _Supervisor(Supervisor):
+    """services.supervision's state machine for one resource directory, plus WAITING:
+    a start that must wait for an old daemon's clients looks again every POLL_S."""
+
+    _log = log
+    _key = "resource"
+    target: _Daemon
+
+    def __init__(self, daemon: _Daemon, owner: MpsDaemons) -> None:
+        self.waiting: str | None = None  # why it waits for clients, while it does
+        self._owner = owner
+        super().__init__(
+            daemon.resource,
+            daemon,
+            budget=owner.budget,
+            timing=Timing(owner.clock, owner.sleep),
+            on_state=lambda _: owner.changed(),
+        )
+
+    @property
+    def up(self) -> bool:
+        daemon = self.target
+        return (
+            self.state is State.RUNNING and daemon.want is not None and daemon.served == daemon.want
+        )
+
+    def begin(self) -> None:
+        self._post(Start())
+
+    def replan(self, changed: bool) -> None:
+        self._post(Replan(changed))
+
+    async def _handle(self, event: object) -> None:
+        if not isinstance(event, Replan):
+            await super()._handle(event)
+        elif self.state is State.FAILED and event.changed:
+            self._failures = FailureRun()  # a new plan after giving up is tried afresh
+            await self._bring_up()
+        elif self.state not in (State.NEW, State.STOPPED, State.FAILED):
+            await self._restart()  # take_down only stops the watch: start() looks again
+
+    async def _handle_more(self, event: object) -> None:
+        if isinstance(event, TimerDue) and self.state is State.WAITING:
+            await self._bring_up()
+
+    async def _start_failed(self, exc: Exception) -> bool:
+        if not isinstance(exc, MustWait):
+            return False
+        why = str(exc)
+        if self.waiting != why:
+            log.warning("mps_daemon_waiting", resource=self.name, detail=why)
+            if self.waiting is None and self.target.want is not None:
+                self._owner.notify_later(why)
+        self.waiting = why
+        self._set(State.WAITING)
+        await self._timer(self._owner.poll_s)
+        return True
+
+    async def _after_start(self) -> None:
+        if self.target.want is None:  # retired: nothing runs, nothing to supervise
+            await self._take_down()
+            self._set(State.STOPPED)
         else:
-            outcome = (
-                Serving(again, plan)
-                if again is not None and again.pid == running.pid
-                else Failed(f"the MPS daemon of {self.resource} (pid {running.pid}) exited")
-            )
-        self.post(Done(step, outcome))
+            self._set(State.RUNNING)
+
+    def _set(self, state: State) -> None:
+        if state not in (State.WAITING, State.STARTING):
+            self.waiting = None
+        super()._set(state)
+
+    def _failed(self, reason: str, failures: int, retry_in_s: float | None) -> None:
+        if retry_in_s is None:
+            log.error("mps_daemon_gave_up", resource=self.name, failures=failures,
+                      budget=self._budget.describe(), error=reason)  # fmt: skip
+        else:
+            log.error("mps_daemon_failed", resource=self.name, failures=failures,
+                      error=reason, retry_in_s=retry_in_s)  # fmt: skip
 
 
 class MpsDaemons:
@@ -289,7 +248,7 @@ class MpsDaemons:
         self.poll_s = poll_s
         self.clock, self.sleep = clock, sleep
         self.notify: Notify | None = None  # records why new replicas are withheld
-        self.daemons: dict[str, _Daemon] = {}
+        self.daemons: dict[str, _Supervisor] = {}
         self._roots = {r for r in roots if r}
         self._scanned: set[str] = set()
         self._hold: Hold | None = None
@@ -309,11 +268,13 @@ class MpsDaemons:
         work, holding each resource's GPUs until its daemon serves its plan)."""
         self._hold = hold
         wanted = {p.root: p for p in plans}
-        for root, daemon in self.daemons.items():
+        for root in [r for r, s in self.daemons.items() if s.state is State.STOPPED]:
+            del self.daemons[root]  # retired: a later plan gets a new supervisor
+        for root, supervisor in self.daemons.items():
             if root not in wanted:
-                daemon.wanted(None)
+                self._want(supervisor, None)
         for root, plan in wanted.items():
-            self._daemon(root, plan.resource).wanted(plan)
+            self._want(self._supervisor(root, plan.resource), plan)
         for root in ({mps_root} | self._roots) - self._scanned - {""}:
             self._scanned.add(root)
             self._spawn(self._adopt_unwanted(root))
@@ -323,25 +284,24 @@ class MpsDaemons:
     def waiting(self) -> dict[str, str]:
         """resource -> why its new replicas are withheld (a daemon's clients to leave)."""
         return {
-            d.resource: d.waiting for d in self.daemons.values() if d.waiting and d.want is not None
+            s.name: s.waiting
+            for s in self.daemons.values()
+            if s.waiting and s.target.want is not None
         }
 
     def status(self) -> dict[str, str]:
-        return {d.resource: d.state.value for d in self.daemons.values()}
+        return {s.name: s.state.value for s in self.daemons.values()}
 
     async def close(self) -> None:
         """Stop supervising; every daemon keeps running for the next agent."""
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        daemons, self.daemons = list(self.daemons.values()), {}
-        left = [d.resource for d in daemons if d.state is not Phase.STOPPED]
-        for daemon in daemons:
-            daemon.post(Close())
-        await asyncio.gather(*(d.join() for d in daemons))
-        running = left
-        if running:
-            log.info("mps_daemons_left_running", resources=",".join(running))
+        supervisors, self.daemons = list(self.daemons.values()), {}
+        left = [s.name for s in supervisors if s.target.running is not None]
+        await asyncio.gather(*(s.stop() for s in supervisors))
+        if left:
+            log.info("mps_daemons_left_running", resources=",".join(left))
         self.changed()
 
     async def settled(self, condition: Callable[[], bool]) -> None:
@@ -355,9 +315,9 @@ class MpsDaemons:
         changed.set()
         down = frozenset(
             u
-            for d in self.daemons.values()
-            if d.want is not None and not d.up
-            for u in d.want.gpu_uuids
+            for s in self.daemons.values()
+            if s.target.want is not None and not s.up
+            for u in s.target.want.gpu_uuids
         )
         if self._hold is not None:
             self._hold(down, by="mps")
@@ -366,10 +326,18 @@ class MpsDaemons:
         if self.notify is not None:
             self._spawn(self.notify(message))
 
-    def _daemon(self, root: str, resource: str) -> _Daemon:
+    def _supervisor(self, root: str, resource: str) -> _Supervisor:
         if root not in self.daemons:
-            self.daemons[root] = _Daemon(root, resource, self)
+            self.daemons[root] = _Supervisor(_Daemon(root, resource, self), self)
         return self.daemons[root]
+
+    def _want(self, supervisor: _Supervisor, plan: DaemonPlan | None) -> None:
+        daemon = supervisor.target
+        changed, daemon.want = plan != daemon.want, plan
+        if supervisor.state is State.NEW:
+            supervisor.begin()
+        elif changed:
+            supervisor.replan(changed)
 
     async def _adopt_unwanted(self, mps_root: str) -> None:
         """Daemons found under `mps_root` that no plan wants: retired once idle."""
@@ -383,7 +351,7 @@ class MpsDaemons:
             if daemon.root not in self.daemons:
                 resource = posixpath.relpath(daemon.root, mps_root)
                 log.info("mps_daemon_unwanted", resource=resource, pid=daemon.pid)
-                self._daemon(daemon.root, resource).wanted(None)
+                self._want(self._supervisor(daemon.root, resource), None)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

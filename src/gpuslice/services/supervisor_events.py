@@ -7,8 +7,6 @@ import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gpuslice.services.machine import TimerDue
-
 
 class State(enum.Enum):
     NEW = "new"
@@ -56,6 +54,11 @@ class RegisterDone:
 class RegisterFailed:
     step: int
     error: str
+
+
+@dataclass(frozen=True)
+class TimerDue:
+    step: int
 
 
 Event = (

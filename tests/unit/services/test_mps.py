@@ -127,7 +127,7 @@ async def left_running() -> Host:
     host = Host()
     first = Node(host).daemons()
     first.apply([PLAN], Node(host).hold)
-    await until(first, lambda: state(first) == "serving")
+    await until(first, lambda: state(first) == "running")
     await first.close()
     return host
 
@@ -137,7 +137,7 @@ async def serving(host: Host) -> tuple[Node, MpsDaemons]:
     node = Node(host)
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
-    await until(daemons, lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "running")
     return node, daemons
 
 
@@ -151,7 +151,7 @@ async def test_held_until_serving_and_left_running_when_the_agent_stops() -> Non
     daemons = node.daemons()
     daemons.apply([PLAN], node.hold)
     assert node.held[-1] == GPUS  # at once: no replica before its daemon
-    await until(daemons, lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "running")
     assert node.held[-1] == frozenset()
     assert host.limits[ROOT] == PLAN
     await daemons.close()
@@ -170,7 +170,7 @@ async def test_apply_returns_while_a_daemon_is_still_starting() -> None:
     assert state(daemons) == "starting"
     assert node.held[-1] == GPUS
     host.gate.set()
-    await until(daemons, lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "running")
     await daemons.close()
 
 
@@ -181,7 +181,7 @@ async def test_a_daemon_found_with_the_same_plan_is_adopted_not_restarted() -> N
     node = Node(host)
     second = node.daemons()
     second.apply([PLAN], node.hold, "/mps")
-    await until(second, lambda: state(second) == "serving")
+    await until(second, lambda: state(second) == "running")
     assert (host.starts, host.running[ROOT].pid) == (1, pid)
     await second.close()
 
@@ -192,7 +192,7 @@ async def test_new_limits_are_set_on_the_running_daemon() -> None:
     host.clients[ROOT] = 2
     fewer = DaemonPlan(PLAN.resource, ROOT, PLAN.gpu_uuids, (200, 200), 100)
     daemons.apply([fewer], node.hold)
-    await until(daemons, lambda: host.limits[ROOT] == fewer and state(daemons) == "serving")
+    await until(daemons, lambda: host.limits[ROOT] == fewer and state(daemons) == "running")
     assert (host.starts, host.quits) == (1, 0)
     assert node.held[-1] == frozenset()
     await daemons.close()
@@ -213,7 +213,7 @@ async def test_other_gpus_wait_for_the_clients_then_replace_the_daemon() -> None
     assert host.quits == 0
 
     host.clients[ROOT] = 0
-    await until(daemons, lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "running")
     assert (host.quits, host.starts, host.running[ROOT].gpu_uuids) == (1, 2, ("GPU-a",))
     assert daemons.waiting == {}
     assert node.held[-1] == frozenset()
@@ -240,7 +240,7 @@ async def test_a_crash_holds_every_gpu_until_the_restart() -> None:
     host = Host()
     node, daemons = await serving(host)
     host.crash(ROOT)
-    await until(daemons, lambda: host.starts == 2 and state(daemons) == "serving")
+    await until(daemons, lambda: host.starts == 2 and state(daemons) == "running")
     assert GPUS in node.held[1:]
     assert node.held[-1] == frozenset()
     await daemons.close()
@@ -256,5 +256,5 @@ async def test_a_daemon_that_never_starts_stays_held_once_the_budget_is_spent() 
     assert node.held[-1] == GPUS
     host.failing = False  # a later config with another plan is tried afresh
     daemons.apply([DaemonPlan(PLAN.resource, ROOT, PLAN.gpu_uuids, (1, 1), 50)], node.hold)
-    await until(daemons, lambda: state(daemons) == "serving")
+    await until(daemons, lambda: state(daemons) == "running")
     await daemons.close()
