@@ -4,6 +4,7 @@
     python3 dev.py demo      # the agent on a simulated DGX A100 against a kubelet stand-in
     python3 dev.py test      # lint, types, layer contracts, generated-code check, every test
     python3 dev.py bench     # the benchmark suite
+    python3 dev.py release   # chart package, image and checksums in dist/ (tools/release.py)
     python3 dev.py run ...   # any gpuslice command, e.g. `python3 dev.py run inspect --help`
 
 The first call creates .venv and installs the locked dependencies into it.
@@ -34,7 +35,8 @@ def _ensure_env() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     pip = [str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     print("dev.py: installing locked dependencies into .venv", flush=True)
-    subprocess.run([*pip, "-r", str(LOCK)], check=True)
+    # Every pin carries the sha256 of its wheel (tools/lock_hashes.py); nothing is built.
+    subprocess.run([*pip, "--require-hashes", "--only-binary=:all:", "-r", str(LOCK)], check=True)
     subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
     for old in VENV.glob(".installed-*"):
         old.unlink()
@@ -69,7 +71,7 @@ def test(extra: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "bench", "run"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "bench", "run", "release"}:
         print(__doc__)
         return 2
     cmd, extra = sys.argv[1], sys.argv[2:]
@@ -81,6 +83,8 @@ def main() -> int:
         return _run(str(BIN / "gpuslice"), "demo", *extra)
     if cmd == "bench":
         return _run(str(BIN / "python"), "-m", "bench", *extra)
+    if cmd == "release":
+        return _run(str(BIN / "python"), "tools/release.py", *extra)
     return _run(str(BIN / "gpuslice"), *extra)
 
 

@@ -4,13 +4,20 @@
 # the wheels of the locked dependencies are kept while requirements/runtime.lock is unchanged,
 # and an unchanged tree reuses buildah's layer cache.
 #
-#   deploy/image/build.sh [--rebuild-base]
+#   deploy/image/build.sh [--rebuild-base [--update-base-lock]]
+#
+# Reproducible: the base's Debian packages are those of deploy/image/base-packages.lock (a base
+# with any other set fails the build), the wheels those whose sha256 the runtime lock pins, and
+# every timestamp (files, image config) is SOURCE_DATE_EPOCH, by default the last commit's time,
+# so two builds of one commit give the same image digest.
 #
 # Environment:
 #   IMAGE        the tag to build (default localhost/gpuslice:<version from pyproject.toml>)
 #   BASE_IMAGE   the base the Dockerfile's FROM names (default localhost/gpuslice-base:bookworm)
 #   PYTHON       a Python 3.11 with pip, to fetch and build the wheels (default python3)
 #   SOURCE_URL   org.opencontainers.image.source (default: the git remote "origin", if any)
+#   SOURCE_DATE_EPOCH  every timestamp in the image (default: the last commit's time)
+#   NO_CACHE     1: build the image stage again rather than reuse buildah's layer cache
 #
 # Needs buildah and mmdebstrap (apt-get install buildah mmdebstrap), root or a rootless buildah
 # setup, and PyPI plus Debian's package archive (the base) reachable.
@@ -22,14 +29,22 @@ work="$here/.build"
 base_image=${BASE_IMAGE:-localhost/gpuslice-base:bookworm}
 python=${PYTHON:-python3}
 pip_version=25.3 # runs the install inside the build stage; never part of the image
+pip_sha256=9655943313a94722b7774661c21049070f6bbb0a1516bf02f7c8d5d9201514cd
+base_lock="$here/base-packages.lock"
 rebuild_base=0
+update_base_lock=0
 
 for arg in "$@"; do
     case $arg in
         --rebuild-base) rebuild_base=1 ;;
-        *) echo "build.sh: error: unknown argument $arg (allowed: --rebuild-base)" >&2; exit 2 ;;
+        --update-base-lock) update_base_lock=1 ;;
+        *) echo "build.sh: error: unknown argument $arg (allowed: --rebuild-base, --update-base-lock)" >&2; exit 2 ;;
     esac
 done
+if [[ -z ${SOURCE_DATE_EPOCH:-} ]]; then
+    SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct 2>/dev/null) || SOURCE_DATE_EPOCH=0
+fi
+export SOURCE_DATE_EPOCH
 
 need() {
     command -v "$1" >/dev/null 2>&1 || {
@@ -57,7 +72,11 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
     tarball="$work/base-bookworm.tar"
     rm -f "$tarball"
     # No mirror named: mmdebstrap uses Debian's archive with bookworm-updates and -security.
-    mmdebstrap --quiet --variant=essential --include=python3,libstdc++6,ca-certificates \
+    # The packages named are installed at their locked versions; SOURCE_DATE_EPOCH makes
+    # mmdebstrap clamp every mtime and drop its logs, so the same packages give the same tar.
+    include=$(grep -E '^(python3|libstdc\+\+6|ca-certificates)=' "$base_lock" | paste -sd, -)
+    if [[ $update_base_lock == 1 ]]; then include=python3,libstdc++6,ca-certificates; fi
+    mmdebstrap --quiet --variant=essential --include="$include" \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --aptopt='APT::Install-Recommends "false"' \
         --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -67,6 +86,17 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
         --dpkgopt='path-exclude=/usr/share/doc/*' \
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --format=tar bookworm "$tarball" </dev/null
+    installed=$(tar -xOf "$tarball" ./var/lib/dpkg/status \
+        | awk '/^Package: /{p=$2} /^Version: /{print p "=" $2}' | sort -u)
+    if [[ $update_base_lock == 1 ]]; then
+        { grep '^#' "$base_lock"; echo "$installed"; } > "$base_lock.tmp" && mv "$base_lock.tmp" "$base_lock"
+        echo "build.sh: wrote $base_lock"
+    elif ! diff <(grep -v '^#' "$base_lock") <(echo "$installed") >"$work/base-packages.diff"; then
+        echo "build.sh: error: the base's Debian packages differ from $base_lock (< locked, > built):" >&2
+        cat "$work/base-packages.diff" >&2
+        echo "build.sh: review the change, then: deploy/image/build.sh --rebuild-base --update-base-lock" >&2
+        exit 1
+    fi
     ctr=$(buildah from scratch)
     buildah add --quiet "$ctr" "$tarball" /
     buildah config \
@@ -75,7 +105,7 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
         --cmd '["/usr/bin/python3"]' \
         --label org.opencontainers.image.description="Debian bookworm with python3, from deploy/image/build.sh" \
         "$ctr"
-    buildah commit --quiet --rm "$ctr" "$base_image" >/dev/null
+    buildah commit --quiet --rm --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$base_image" >/dev/null
     rm -f "$tarball"
     echo "build.sh: base $base_image built in $(since "$start") s"
 else
@@ -90,8 +120,12 @@ lock_id=$(sha256sum "$lock" | cut -c1-16)
 deps="$work/wheels-$lock_id"
 if [[ ! -d $deps ]]; then
     rm -rf "$work"/wheels-* "$deps.tmp"
-    "$python" -m pip wheel --quiet --disable-pip-version-check --no-deps -r "$lock" -w "$deps.tmp"
-    "$python" -m pip download --quiet --disable-pip-version-check --no-deps "pip==$pip_version" -d "$deps.tmp/pip"
+    # Binary wheels only, each checked against the sha256 the lock pins: nothing is built.
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --require-hashes -r "$lock" -d "$deps.tmp"
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        "pip==$pip_version" -d "$deps.tmp/pip"
+    echo "$pip_sha256  $(echo "$deps.tmp"/pip/pip-*.whl)" | sha256sum --check --quiet
     mv "$deps.tmp" "$deps"
 fi
 context="$work/context"
@@ -110,11 +144,13 @@ fi
 source_url=${SOURCE_URL:-$(git -C "$root" remote get-url origin 2>/dev/null || echo unknown)}
 
 # 3. The image.
-buildah build --quiet --layers \
+cache=--layers
+if [[ ${NO_CACHE:-0} == 1 ]]; then cache=--no-cache; fi
+buildah build --quiet "$cache" --timestamp "$SOURCE_DATE_EPOCH" \
     --build-arg BASE="$base_image" \
     --build-arg VERSION="$version" \
     --build-arg REVISION="$revision" \
     --build-arg SOURCE="$source_url" \
     -f "$here/Dockerfile" -t "$image" "$context" >/dev/null
-size=$(buildah images --noheading --format '{{.Size}}' "$image" | head -n1)
+size=$(buildah images --noheading --format '{{.Size}}' "$image" | awk 'NR == 1')  # awk reads all: no SIGPIPE
 echo "build.sh: image $image built in $(since "$start") s, size $size"

@@ -5,7 +5,7 @@ agent's RBAC rules, and a helper to consume watches."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -42,10 +42,19 @@ __all__ = [
 ]
 
 
-def grants(namespace: str, rules: Iterable[Rule] = RULES) -> list[Grant]:
-    """What binding `rules` as documented grants an agent running in `namespace`."""
+def grants(
+    namespace: str, rules: Iterable[Rule] = RULES, names: Mapping[str, str] | None = None
+) -> list[Grant]:
+    """What binding `rules` as documented grants an agent running in `namespace`; with
+    `names` (flag -> value), a rule narrowed to an object covers the one named only."""
     return [
-        Grant(group, frozenset(rule.resources), frozenset(rule.verbs), rule.namespace(namespace))
+        Grant(
+            group,
+            frozenset(rule.resources),
+            frozenset(rule.verbs),
+            rule.namespace(namespace),
+            frozenset({names[rule.named_by]}) if names and rule.named_by else frozenset(),
+        )
         for rule in rules
         for group in rule.api_groups
     ]

@@ -20,6 +20,8 @@ from gpuslice.testing.apiserver import access_of
 
 NS = "gpu-operator"
 POD = "gpuslice-x7k2p"
+CM = "gpuslice-configs"
+NAMED = {"config-map": CM}  # the Role's configmaps rule covers this ConfigMap only
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rbac.md"
 
 
@@ -63,12 +65,14 @@ async def agent_calls(server: FakeApiServer, tmp_path: Path) -> None:
 def without(rule: Rule, verb: str) -> list[Rule]:
     """RULES with one verb taken from one rule."""
     rest = tuple(v for v in rule.verbs if v != verb)
-    changed = [Rule(rule.api_groups, rule.resources, rest, rule.scope, rule.needed_for)]
+    changed = [
+        Rule(rule.api_groups, rule.resources, rest, rule.scope, rule.needed_for, rule.named_by)
+    ]
     return [r for r in RULES if r is not rule] + (changed if rest else [])
 
 
 async def test_the_rules_cover_every_call_the_agent_makes(tmp_path: Path) -> None:
-    async with FakeApiServer(grants(NS)) as server:
+    async with FakeApiServer(grants(NS, names=NAMED)) as server:
         await agent_calls(server, tmp_path)
     assert server.answered(403) == []
     calls = {(r.method, r.code) for r in server.requests}
@@ -88,7 +92,7 @@ async def test_the_rules_cover_every_call_the_agent_makes(tmp_path: Path) -> Non
 async def test_without_any_one_verb_some_call_is_forbidden(
     tmp_path: Path, rule: Rule, verb: str
 ) -> None:
-    async with FakeApiServer(grants(NS, without(rule, verb))) as server:
+    async with FakeApiServer(grants(NS, without(rule, verb), NAMED)) as server:
         await agent_calls(server, tmp_path)
     refused = server.answered(403)
     assert refused, f"nothing needed {verb} on {rule.resources}"
@@ -110,6 +114,33 @@ async def test_the_rules_granted_in_another_namespace_are_not_enough(tmp_path: P
         (NS, "configmaps"),
     }
     assert server.events  # the cluster-wide rules still hold
+
+
+async def test_the_configmap_rule_covers_the_named_configmap_only(tmp_path: Path) -> None:
+    """resourceNames on get and watch: the agent reads its ConfigMap by name and watches it
+    with fieldSelector metadata.name, which the API server authorizes for that name (the
+    whole test above passes with the rule narrowed); another ConfigMap, or a watch of the
+    whole collection, is refused."""
+    async with FakeApiServer(grants(NS, names={"config-map": "other"})) as server:
+        await agent_calls(server, tmp_path)
+    refused = [access_of(r.method, r.path, r.query) for r in server.answered(403)]
+    assert ("get", "configmaps", CM) in {(a.verb, a.resource, a.name) for a in refused if a}
+    assert {a.resource for a in refused if a} == {"configmaps"}
+    named = grants(NS, names=NAMED)
+    whole = access_of("GET", f"/api/v1/namespaces/{NS}/configmaps", {"watch": "true"})
+    one = access_of("GET", f"/api/v1/namespaces/{NS}/configmaps",
+                    {"watch": "true", "fieldSelector": f"metadata.name={CM}"})  # fmt: skip
+    assert whole is not None
+    assert one is not None
+    assert not any(g.allows(whole) for g in named)
+    assert any(g.allows(one) for g in named)
+
+
+def test_a_narrowed_rule_renders_resource_names_and_is_left_out_when_unset() -> None:
+    (configmaps,) = [r for r in rules_in(Scope.NAMESPACE, NAMED) if "configmaps" in r["resources"]]
+    assert configmaps["resourceNames"] == [CM]
+    unset = rules_in(Scope.NAMESPACE, {"config-map": ""})
+    assert [r["resources"] for r in unset] == [["nodefeatures"], ["pods"]]
 
 
 def test_each_scope_renders_the_policy_rules_of_one_role() -> None:
@@ -148,5 +179,5 @@ def test_the_docs_example_roles_hold_exactly_these_rules() -> None:
     }
     assert roles == {
         ("ClusterRole", None): rules_in(Scope.CLUSTER),
-        ("Role", NS): rules_in(Scope.NAMESPACE),
+        ("Role", NS): rules_in(Scope.NAMESPACE, NAMED),
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 import referencing
+import yaml
 from kubernetes_validate.utils import all_versions
 from packaging.version import Version
 
@@ -21,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "gen_chart.py"
 CHART = ROOT / "deploy" / "helm" / "gpuslice"
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpuslice.yaml"
-OLDEST_KUBE = Version("1.30")
+OLDEST_KUBE = Version("1.28")
+POLICY_KUBE = Version("1.30")  # ValidatingAdmissionPolicy v1: rendered from this version on
 _API_VERSION = re.compile(r"^([^./]*)(?:\.[^/]*)?/")
 RELEASE = "gpu"
 NAMESPACE = "gpu-system"
@@ -33,6 +35,10 @@ CONFIGS = {
     ),
 }
 ADMISSION_MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n"
+
+# NVIDIA's chart's own values file (tests/deploy/data/README.md).
+NVIDIA_VALUES_FILE = Path(__file__).parent / "data" / "nvidia-device-plugin-0.20.0-values.yaml"
+NVIDIA_VALUES: dict[str, Any] = yaml.safe_load(NVIDIA_VALUES_FILE.read_text())
 
 # Each set of non-default values is rendered, linted and validated.
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -89,6 +95,32 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "mps": {"mps": {"enabled": True}, "config": {"map": {"mps-2": ADMISSION_MPS}}},
+    "compat-cpu-manager": {"compatWithCPUManager": True, "migStrategy": "mixed"},
+    "security-context": {
+        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}, "runAsUser": 0},
+        "podSecurityContext": {"runAsGroup": 0},
+        "deviceListStrategy": "volume-mounts",
+    },
+    "host-network": {
+        "hostNetwork": True,
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"}],
+        "kubeletRootDir": "/var/lib/k0s/kubelet",
+    },
+    "metrics-policy": {
+        "metrics": {"port": 9400, "bindAddress": "127.0.0.1", "networkPolicy": {"enabled": True}},
+        "monitoring": {"serviceMonitor": {"enabled": True, "interval": "30s"}},
+    },
+    "nvidia-extras": {
+        "namespaceOverride": "gpu-agents",
+        "selectorLabelsOverride": {"app": "gpu-agent"},
+        "gdrcopyEnabled": True,
+        "deviceDiscoveryStrategy": "nvml",
+        "nvidiaDevRoot": "/",
+        "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook", "featureFlags": ["a", "b"]},
+        "deviceListStrategy": "cdi-cri",
+    },
+    "nvidia-v020": NVIDIA_VALUES,
     "admission": {
         "config": {"map": {**CONFIGS, "mps-2": ADMISSION_MPS}, "default": "t4-ts-4"},
         "admissionPolicies": {"enabled": True, "warn": ["nvidia.com/gpu.small"]},
@@ -96,8 +128,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_chart", TOOL)
+def load_tool(path: Path = TOOL) -> ModuleType:
+    """A script of tools/ loaded as a module (gen_chart.py by default)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -118,11 +151,21 @@ def rendered(name: str) -> tuple[dict[str, Any], ...]:
     return tuple(gen.objects(out))
 
 
+HOOK = "helm.sh/hook"
+
+
+def is_hook(obj: dict[str, Any]) -> bool:
+    return HOOK in (obj["metadata"].get("annotations") or {})
+
+
 def the(objects: tuple[dict[str, Any], ...], kind: str, namespace: str | None = None) -> Any:
+    """The one object of `kind` (in `namespace`) that the release installs, hooks aside."""
     found = [
         o
         for o in objects
-        if o["kind"] == kind and (namespace is None or o["metadata"].get("namespace") == namespace)
+        if o["kind"] == kind
+        and not is_hook(o)
+        and (namespace is None or o["metadata"].get("namespace") == namespace)
     ]
     assert len(found) == 1, f"{len(found)} {kind} objects"
     return found[0]

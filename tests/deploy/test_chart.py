@@ -37,7 +37,10 @@ from gpuslice.config.v1 import Config
 
 # Read by the NVIDIA container runtime, not by the agent.
 RUNTIME_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES"}
-RUN_ENV = {var for flag in FLAGS if flag.taken_by("run") for var in flag.env}
+# The metrics listener's address (--metrics-address): until the agent declares the flag, the
+# chart sets it ahead of it and the agent serves /metrics on the status address.
+AHEAD = {"GPUSLICE_METRICS_ADDRESS"} - {v for flag in FLAGS for v in flag.env}
+RUN_ENV = {var for flag in FLAGS if flag.taken_by("run") for var in flag.env} | AHEAD
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 AGENT = ("template", "spec", "containers", 0)  # the agent container in a DaemonSet spec
 
@@ -61,7 +64,8 @@ def host_paths(objects: tuple[dict[str, Any], ...]) -> dict[str, tuple[str, str,
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_env_var_is_one_the_agent_or_the_nvidia_runtime_reads(name: str) -> None:
-    names = set(env(rendered(name)))
+    extra = {var["name"] for var in VALUE_SETS[name].get("extraEnv", [])}
+    names = set(env(rendered(name))) - extra
     assert names <= RUN_ENV | RUNTIME_ENV, names - RUN_ENV - RUNTIME_ENV
 
 
@@ -95,7 +99,9 @@ def test_defaults_leave_every_config_flag_to_the_config_file() -> None:
     set_by_chart = (set(variables) & config_env) - {"MPS_ROOT", "GFD_USE_NODE_FEATURE_API"}
     assert not set_by_chart
     effective = resolve(Config(), {}, variables)
-    assert effective.flags.mps_root == "/run/nvidia/mps"
+    assert effective.flags.mps_root == ""  # MPS only with mps.enabled
+    with_mps = resolve(Config(), {}, literal_env(rendered("mps")))
+    assert with_mps.flags.mps_root == "/run/nvidia/mps"
     assert effective.flags.use_node_feature_api is True
     assert variables["GPUSLICE_LABELS"] == "true"
 
@@ -141,20 +147,28 @@ async def test_the_probe_paths_answer_200_on_the_agents_status_server() -> None:
             assert status.startswith(b"HTTP/1.1 200"), (path, status)
 
 
-@pytest.mark.parametrize("name", VALUE_SETS)
+CHOSEN_CONTEXT = {"compat-cpu-manager", "security-context", "nvidia-v020"}
+
+
+@pytest.mark.parametrize("name", sorted(set(VALUE_SETS) - CHOSEN_CONTEXT))
 def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> None:
     context = container(rendered(name))["securityContext"]
     terminate = env(rendered(name)).get("GPUSLICE_MEMORY_BUDGET_POLICY") == "terminate"
-    # KILL only to signal another user's process over its memory budget.
-    assert context["capabilities"] == {"drop": ["ALL"], **({"add": ["KILL"]} if terminate else {})}
+    values = VALUE_SETS[name]
+    mig = values.get("migStrategy") not in (None, "none")
+    mounts = "volume-mounts" in str(values.get("deviceListStrategy"))
+    # SYS_ADMIN only where MIG may be used, as NVIDIA's chart; KILL only to signal another
+    # user's process over its memory budget.
+    added = ["SYS_ADMIN"] * (mig or mounts) + ["KILL"] * terminate
+    assert context["capabilities"] == {"drop": ["ALL"], **({"add": added} if added else {})}
     assert context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"] is True
     assert "privileged" not in context
     pod = the(rendered(name), "DaemonSet")["spec"]["template"]["spec"]
-    assert not {"hostNetwork", "hostIPC"} & set(pod)
+    assert "hostIPC" not in pod
+    assert pod.get("hostNetwork", False) is values.get("hostNetwork", False)
     # Only the watchdog's terminate policy (host PIDs) and MPS servers need the host's PIDs.
-    config = VALUE_SETS[name].get("config", {})
-    mps = "name" in config or any("mps:" in text for text in config.get("map", {}).values())
+    mps = values.get("mps", {}).get("enabled", False)
     assert pod.get("hostPID", False) is (terminate or mps)
 
 
@@ -170,12 +184,13 @@ MPS_JSON = '{"version": "v1", "sharing": {"mps": {"resources": [{"name": "gpu", 
 @pytest.mark.parametrize(
     ("values", "host_pid"),
     [
-        ({"config": {"map": {"m": ADMISSION_MPS}, "default": "m"}}, True),
-        ({"config": {"map": {"m": MPS_JSON}, "default": "m"}}, True),
+        # decided by mps.enabled, never by reading the configs' text
+        ({"config": {"map": {"m": ADMISSION_MPS}, "default": "m"}}, False),
+        ({"config": {"map": {"m": MPS_JSON}, "default": "m"}, "mps": {"enabled": True}}, True),
         ({"config": {"map": CONFIGS, "default": "t4-ts-4"}}, False),
-        ({"config": {"name": "theirs"}}, True),  # the chart cannot see whether MPS is used
-        ({"config": {"name": "theirs"}, "mps": {"enableHostPID": False}}, False),
-        ({"config": {"map": {"m": ADMISSION_MPS}}, "mps": {"enableHostPID": False}}, False),
+        ({"config": {"name": "theirs"}}, False),
+        ({"config": {"name": "theirs"}, "mps": {"enabled": True}}, True),
+        ({"mps": {"enabled": True, "enableHostPID": False}}, False),
         ({"memoryBudget": {"policy": "terminate"}, "mps": {"enableHostPID": False}}, True),
         ({"memoryBudget": {"policy": "terminate"}, "accounting": {"enabled": False}}, False),
     ],
@@ -186,15 +201,23 @@ def test_the_host_pid_namespace_only_where_mps_or_terminate_needs_it(
     assert _host_pid(values) is host_pid
 
 
-def test_by_default_only_the_kubelets_directories_proc_and_the_mps_root_are_mounted() -> None:
+def test_by_default_only_the_kubelets_directories_and_proc_are_mounted() -> None:
     assert host_paths(rendered("defaults")) == {
         DEVICE_PLUGINS: (DEVICE_PLUGINS, "Directory", False),
         # accounting: the PodResources socket and each GPU process's cgroup
         "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", "Directory", True),
         "/proc": ("/host/proc", "Directory", True),
-        # MPS: the control daemons' directories, at the path Allocate hands to MPS clients
-        "/run/nvidia/mps": ("/run/nvidia/mps", "DirectoryOrCreate", False),
     }
+
+
+def test_the_mps_root_is_created_and_mounted_only_when_mps_may_be_used() -> None:
+    """Without mps.enabled nothing creates /run/nvidia/mps on the host, so an uninstall
+    leaves no directory behind."""
+    # MPS: the control daemons' directories, at the path Allocate hands to MPS clients
+    mps = ("/run/nvidia/mps", "DirectoryOrCreate", False)
+    assert host_paths(rendered("mps"))["/run/nvidia/mps"] == mps
+    for name in set(VALUE_SETS) - {"mps"}:
+        assert "/run/nvidia/mps" not in host_paths(rendered(name)), name
     assert posixpath.dirname(FLAGS_BY_NAME["kubelet-socket"].default_text) == DEVICE_PLUGINS
 
 
@@ -339,7 +362,7 @@ def test_rbac_is_exactly_the_agents_rules_bound_to_its_service_account() -> None
     assert rbac.rules_in(rbac.Scope.DEFAULT) == []  # Node Events: the cluster-wide rule
     assert not [o for o in objects if o["metadata"].get("namespace") == "default"]
     for scope, role in roles.items():
-        assert role["rules"] == rbac.rules_in(scope), scope
+        assert role["rules"] == rbac.rules_in(scope, {"config-map": ""}), scope
     bindings = [the(objects, "ClusterRoleBinding")]
     bindings += [the(objects, "RoleBinding", ns) for ns in (NAMESPACE,)]
     for binding, role in zip(bindings, roles.values(), strict=True):

@@ -28,6 +28,7 @@ CHART_MAP = f"{RELEASE}-gpuslice-configs"  # the ConfigMap the chart makes from 
 SOURCES: dict[str, tuple[type, str]] = {
     "config-map": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/{CHART_MAP}"),
     "admission": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/{CHART_MAP}"),
+    "mps": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/{CHART_MAP}"),
     "config-name": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/my-configs"),
     "config-name-default": (ConfigMapEntries, f"ConfigMap {NAMESPACE}/my-configs"),
     "config-map-mount": (DirectoryEntries, "/available-configs"),
@@ -88,8 +89,14 @@ def test_api_is_the_default_source_and_needs_no_restart_trigger() -> None:
     template = the(objects, "DaemonSet")["spec"]["template"]["metadata"]
     assert "annotations" not in template  # no checksum of the ConfigMap
     role = the(objects, "Role", NAMESPACE)  # where NAMESPACE (the ConfigMap's) points
-    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "watch"]} in role[
-        "rules"
+    configmaps = [r for r in role["rules"] if "configmaps" in r["resources"]]
+    assert configmaps == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "watch"],
+            "resourceNames": [CHART_MAP],  # that ConfigMap only
+        }
     ]
 
 
@@ -108,7 +115,11 @@ def test_a_new_default_or_edited_configs_change_the_configmap_and_nothing_else()
     after = render({"map": edited, "default": "default"})
     assert set(before) == set(after)
     changed = {path for path in before if before[path] != after[path]}
-    assert changed == {"gpuslice/templates/configmap.yaml"}
+    # and the install-time check's copy of the configs, a hook outside the release
+    assert changed == {
+        "gpuslice/templates/configmap.yaml",
+        "gpuslice/templates/validate-hook.yaml",
+    }
     annotations = [configmap_of(t)["metadata"]["annotations"] for t in (before, after)]
     assert annotations == [{DEFAULT_ANNOTATION: "t4-ts-4"}, {DEFAULT_ANNOTATION: "default"}]
 

@@ -79,7 +79,6 @@ def test_accounting_off_mounts_no_proc_and_turns_sampling_off() -> None:
     assert set(host_paths(objects)) == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
-        "/run/nvidia/mps",
     }
     variables = env(objects)
     assert variables["GPUSLICE_ACCOUNTING"] == "false"
@@ -135,13 +134,13 @@ def test_the_service_monitor_scrapes_every_agent_with_the_workloads_labels() -> 
     service = the(objects, "Service")
     monitor = the(objects, "ServiceMonitor")
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
-    status = next(p for p in container(objects)["ports"] if p["name"] == "status")
+    metrics = next(p for p in container(objects)["ports"] if p["name"] == "metrics")
 
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (port,) = service["spec"]["ports"]
-    assert port == {"name": "metrics", "port": status["containerPort"],
-                    "targetPort": "status", "protocol": "TCP"}  # fmt: skip
+    assert port == {"name": "metrics", "port": metrics["containerPort"],
+                    "targetPort": "metrics", "protocol": "TCP"}  # fmt: skip
 
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"  # monitoring.labels

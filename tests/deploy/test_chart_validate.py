@@ -1,7 +1,8 @@
 """The chart passes Helm's lint and every rendered object passes Kubernetes' strict schemas
-of every version from 1.30 on, for the default values and each set of the values matrix;
-the generated files and static manifests are in step with their sources; a misspelt or
-invalid value fails at install time naming its path."""
+of every version from 1.28 on (the admission policy, rendered from 1.30 only, from 1.30 on),
+for the default values and each set of the values matrix; the generated files and static
+manifests are in step with their sources; a misspelt or invalid value fails at install time
+naming its path."""
 
 from __future__ import annotations
 
@@ -17,22 +18,37 @@ import yaml
 from chart_kit import (
     CHART,
     MANIFESTS,
+    POLICY_KUBE,
     VALUE_SETS,
     kube_versions,
     rendered,
     schema_errors,
     tool,
 )
+from packaging.version import Version
 
 from gpuslice.adapters.kube import rbac
 
 ERROR, WARNING = 3, 2
 
 
-def test_every_kubernetes_version_from_1_30_is_checked() -> None:
+def test_every_kubernetes_version_from_1_28_is_checked() -> None:
     versions = kube_versions()
-    assert versions[0] == "1.30"
-    assert len(versions) >= 8  # 1.30 to 1.37 with kubernetes-validate 1.37
+    assert versions[0] == "1.28"
+    assert len(versions) >= 10  # 1.28 to 1.37 with kubernetes-validate 1.37
+
+
+def test_the_chart_has_no_kubernetes_floor_and_the_policy_needs_1_30() -> None:
+    assert "kubeVersion" not in yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = VALUE_SETS["admission"]
+    for version, policy in (("1.28.0", False), ("1.29.9", False), ("1.30.0", True)):
+        out = tool().render(CHART, values, kube_version=version, notes=True)
+        templates = {k: v for k, v in out.items() if not k.endswith("NOTES.txt")}
+        kinds = {o["kind"] for o in tool().objects(templates)}
+        assert ("ValidatingAdmissionPolicy" in kinds) is policy, version
+        assert "DaemonSet" in kinds
+        notes = " ".join(out["gpuslice/templates/NOTES.txt"].split())
+        assert ("needs 1.30 or later, so it was not installed" in notes) is not policy
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -47,7 +63,14 @@ def test_lint_finds_no_error_or_warning(name: str) -> None:
 def test_every_rendered_object_passes_every_kubernetes_schema(name: str) -> None:
     objects = rendered(name)
     assert {o["kind"] for o in objects} >= {"DaemonSet", "ServiceAccount", "ClusterRole"}
-    errors = [e for v in kube_versions() for o in objects for e in schema_errors(o, v)]
+    policy = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    errors = [
+        e
+        for v in kube_versions()
+        for o in objects
+        if Version(v) >= POLICY_KUBE or o["kind"] not in policy  # not rendered there
+        for e in schema_errors(o, v)
+    ]
     assert not errors, "\n".join(errors)
 
 
@@ -123,7 +146,11 @@ def _install_error(values: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("values", "path"),
     [
-        ({"simulat": "t4"}, "'simulat' not allowed"),
+        ({"simulat": "t4"}, 'values: unknown key "simulat"; did you mean "simulate"?'),
+        ({"migStrateg": "mixed"}, 'unknown key "migStrateg"; did you mean "migStrategy"?'),
+        ({"compatWithCpuManager": True}, 'did you mean "compatWithCPUManager"?'),
+        ({"nodeselector": {}}, 'did you mean "nodeSelector"?'),
+        ({"gfd": {"enabled": True}, "nfd": {"x": 1}, "gpu": {}}, 'did you mean "gfd"?'),
         ({"config": {"defualt": "x"}}, "at '/config': additional properties 'defualt'"),
         ({"image": {"tagg": "v1"}}, "at '/image': additional properties 'tagg'"),
         ({"migStrategy": "mix"}, "at '/migStrategy'"),

@@ -93,7 +93,9 @@ def build_output() -> tuple[str, dict[str, str]]:
         if REQUIRED:
             pytest.fail(f"GPUSLICE_REQUIRE_IMAGE_TEST=1 but {missing}")
         pytest.skip(missing)
-    env = {**os.environ, "BUILDAH_ISOLATION": "chroot", "PYTHON": sys.executable}
+    # Uncached, so that the image is this tree's build and not a layer an older build left in
+    # buildah's cache (the reproducibility test compares it with a second build).
+    env = {**os.environ, "BUILDAH_ISOLATION": "chroot", "PYTHON": sys.executable, "NO_CACHE": "1"}
     started = time.monotonic()
     result = subprocess.run(
         ["bash", str(BUILD)],
@@ -117,6 +119,36 @@ def container(build_output: tuple[str, dict[str, str]]) -> Iterator[Container]:
     box = Container(built.group(1), env)
     yield box
     box.remove()
+
+
+def image_id(image: str, env: dict[str, str]) -> str:
+    return subprocess.run(
+        ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", image],
+        env=env, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_a_second_build_from_scratch_gives_the_same_image(
+    build_output: tuple[str, dict[str, str]],
+) -> None:
+    """Reproducible: the image stage built again from scratch (a fresh venv, pip installs
+    from the hashed wheels, gpuslice's wheel built again) has the same image ID, the digest
+    of its config, which names every layer's digest. The base is reused: its Debian packages
+    are fixed by deploy/image/base-packages.lock, which build.sh checks when it makes one."""
+    stdout, env = build_output
+    first = re.search(r"^build\.sh: image (\S+) built in ", stdout, re.MULTILINE)
+    assert first, stdout
+    again = {**env, "IMAGE": "localhost/gpuslice:reproduced", "NO_CACHE": "1"}
+    result = subprocess.run(
+        ["bash", str(BUILD)], env=again, capture_output=True, text=True,
+        timeout=BUILD_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    try:
+        assert image_id("localhost/gpuslice:reproduced", env) == image_id(first.group(1), env)
+    finally:
+        subprocess.run(["buildah", "rmi", "localhost/gpuslice:reproduced"], env=env,
+                       capture_output=True, check=False)  # fmt: skip
 
 
 def test_the_script_reports_build_time_and_size(build_output: tuple[str, dict[str, str]]) -> None:

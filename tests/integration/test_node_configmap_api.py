@@ -47,8 +47,15 @@ def mig_mixed(replicas: int) -> str:
 
 
 def grants(rules: Iterable[Rule]) -> list[Grant]:
+    """The rules as the chart binds them: the configmaps rule on CM only (resourceNames)."""
     return [
-        Grant(group, frozenset(rule.resources), frozenset(rule.verbs), rule.namespace(NAMESPACE))
+        Grant(
+            group,
+            frozenset(rule.resources),
+            frozenset(rule.verbs),
+            rule.namespace(NAMESPACE),
+            frozenset({CM}) if rule.named_by == "config-map" else frozenset(),
+        )
         for rule in rules
         for group in rule.api_groups
     ]
@@ -58,7 +65,7 @@ def without_configmap_watch() -> list[Grant]:
     """The documented rules, the ConfigMap's `watch` left out."""
     rules = [r for r in RULES if "configmaps" not in r.resources]
     rules += [
-        Rule(r.api_groups, r.resources, ("get",), r.scope, r.needed_for)
+        Rule(r.api_groups, r.resources, ("get",), r.scope, r.needed_for, r.named_by)
         for r in RULES
         if "configmaps" in r.resources
     ]

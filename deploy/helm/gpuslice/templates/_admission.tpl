@@ -56,3 +56,9 @@ also be served whole, unless a config shares all of it under that name with the 
 {{- $name := toString . }}
 {{- if hasPrefix "nvidia.com/" $name }}{{ $name }}{{ else }}nvidia.com/{{ $name }}{{ end }}
 {{- end }}
+
+{{/* "true" when the cluster serves ValidatingAdmissionPolicy v1 (Kubernetes 1.30 on): the only
+part of the chart that needs 1.30. */}}
+{{- define "gpuslice.admissionSupported" -}}
+{{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
+{{- end }}

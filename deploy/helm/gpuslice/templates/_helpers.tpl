@@ -15,9 +15,18 @@
 {{- end }}
 {{- end }}
 
+{{/* The namespace of every namespaced object: namespaceOverride, else the release's. */}}
+{{- define "gpuslice.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
 {{- define "gpuslice.selectorLabels" -}}
+{{- if .Values.selectorLabelsOverride }}
+{{- toYaml .Values.selectorLabelsOverride }}
+{{- else }}
 app.kubernetes.io/name: {{ include "gpuslice.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
 {{- end }}
 
 {{- define "gpuslice.labels" -}}
@@ -45,6 +54,12 @@ than mounted. */}}
 agent follows it live; otherwise a config.default is DEFAULT_CONFIG in the pod template. */}}
 {{- define "gpuslice.defaultInAnnotation" -}}
 {{- if and (include "gpuslice.configFromApi" .) .Values.config.map }}true{{ end }}
+{{- end }}
+
+{{/* The ConfigMap's name when the agent reads it through the API (CONFIG_MAP), else empty:
+the one object the Role's configmaps rule covers. */}}
+{{- define "gpuslice.configMapFromApi" -}}
+{{- if include "gpuslice.configFromApi" . }}{{ include "gpuslice.configMapName" . }}{{ end }}
 {{- end }}
 
 {{/* A value as an env var's text: a list comma-separated. */}}
@@ -78,21 +93,94 @@ accounting to see them. */}}
 {{- end }}
 
 {{/* "true" when the agent's pod needs the host's PID namespace: the watchdog signals host PIDs
-(terminate policy), or a config may use MPS (mps.enableHostPID: an inline config with
-sharing.mps, or an existing ConfigMap the chart cannot read). */}}
+(terminate policy), or MPS may be used (mps.enabled) and mps.enableHostPID allows it. */}}
 {{- define "gpuslice.hostPID" -}}
-{{- $need := include "gpuslice.terminate" . }}
-{{- if .Values.mps.enableHostPID }}
-{{- if .Values.config.name }}{{ $need = true }}{{ end }}
-{{- range $entry, $text := .Values.config.map }}
-{{- if regexMatch "(^|[\\s{,\"])mps\"?\\s*:" (toString $text) }}{{ $need = true }}{{ end }}
+{{- $mps := and .Values.mps.enabled .Values.mps.enableHostPID }}
+{{- if or (include "gpuslice.terminate" .) $mps }}true{{ end }}
+{{- end }}
+
+{{/* "true" when MIG may be in use or devices are passed as volume mounts: as NVIDIA's chart,
+the container then gets SYS_ADMIN and NVIDIA_MIG_MONITOR_DEVICES=all. */}}
+{{- define "gpuslice.migMonitor" -}}
+{{- $mig := and .Values.migStrategy (ne (toString .Values.migStrategy) "none") }}
+{{- $lists := splitList "," (include "gpuslice.envText" (default "" .Values.deviceListStrategy)) }}
+{{- $mounts := false }}
+{{- range $lists }}{{ if eq (trim .) "volume-mounts" }}{{ $mounts = true }}{{ end }}{{ end }}
+{{- if or $mig $mounts }}true{{ end }}
+{{- end }}
+
+{{/* The agent container's securityContext: privileged with compatWithCPUManager, else the
+one given in values, else root with no capability but SYS_ADMIN (migMonitor) and KILL (the
+watchdog's terminate policy). */}}
+{{- define "gpuslice.securityContext" -}}
+{{- if .Values.compatWithCPUManager }}
+privileged: true
+{{- else if .Values.securityContext }}
+{{- toYaml .Values.securityContext }}
+{{- else }}
+{{- $add := list }}
+{{- if include "gpuslice.migMonitor" . }}{{ $add = append $add "SYS_ADMIN" }}{{ end }}
+{{- if include "gpuslice.terminate" . }}{{ $add = append $add "KILL" }}{{ end }}
+runAsUser: 0
+runAsGroup: 0
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+  {{- with $add }}
+  add: {{ toJson . }}
+  {{- end }}
 {{- end }}
 {{- end }}
-{{- if $need }}true{{ end }}
+
+{{/* "true" when a container with this securityContext (YAML text) holds CAP_SYS_ADMIN:
+privileged, or SYS_ADMIN (or CAP_SYS_ADMIN, ALL) added. */}}
+{{- define "gpuslice.hasSysAdmin" -}}
+{{- $ctx := fromYaml . }}
+{{- $add := list }}
+{{- with $ctx.capabilities }}{{ $add = .add | default list }}{{ end }}
+{{- $found := $ctx.privileged }}
+{{- range $add }}{{ if has (upper (toString .)) (list "SYS_ADMIN" "CAP_SYS_ADMIN" "ALL") }}{{ $found = true }}{{ end }}{{ end }}
+{{- if $found }}true{{ end }}
+{{- end }}
+
+{{/* The Levenshtein distance of .a and .b (short strings: value keys). */}}
+{{- define "gpuslice.distance" -}}
+{{- $b := splitList "" .b }}
+{{- $prev := until (add1 (len $b) | int) }}
+{{- range $i, $ca := splitList "" .a }}
+{{- $cur := list (add1 $i) }}
+{{- range $j, $cb := $b }}
+{{- $cost := ternary 0 1 (eq $ca $cb) }}
+{{- $cur = append $cur (min (add1 (index $prev (add1 $j))) (add1 (index $cur $j)) (add (index $prev $j) $cost)) }}
+{{- end }}
+{{- $prev = $cur }}
+{{- end }}
+{{- last $prev }}
+{{- end }}
+
+{{/* Fails on a top-level value the chart does not know, naming the closest known one (the
+schema's properties, listed in _generated.tpl). */}}
+{{- define "gpuslice.unknownValues" -}}
+{{- $known := include "gpuslice.knownValues" . | fromJsonArray }}
+{{- range $key := keys .Values | sortAlpha }}
+{{- if not (has $key $known) }}
+{{- $best := "" }}{{ $bestDistance := 1000 }}
+{{- range $known }}
+{{- $d := include "gpuslice.distance" (dict "a" (lower $key) "b" (lower .)) | int }}
+{{- if lt $d $bestDistance }}{{ $best = . }}{{ $bestDistance = $d }}{{ end }}
+{{- end }}
+{{- fail (printf "values: unknown key %q; did you mean %q? (docs/install.md lists every value)" $key $best) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Render-time checks of combinations the schema cannot express; each fails with one line. */}}
 {{- define "gpuslice.validate" -}}
+{{- include "gpuslice.unknownValues" . }}
+{{- if and (eq (include "gpuslice.namespace" .) "default") (not .Values.allowDefaultNamespace) }}
+{{- fail "the namespace is default: install into a namespace of its own (-n gpuslice --create-namespace), or set allowDefaultNamespace=true" }}
+{{- end }}
 {{- $c := .Values.config }}
 {{- if and $c.map $c.name }}
 {{- fail "config.map and config.name are both set: give the configs inline (map) or name an existing ConfigMap (name), not both" }}

@@ -9,6 +9,7 @@ a test checks that every API call the agent makes is covered by exactly these ru
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -29,6 +30,10 @@ class Rule:
     verbs: tuple[str, ...]
     scope: Scope
     needed_for: str
+    # The flag whose value names the only object the rule covers (RBAC's resourceNames; get
+    # and watch are still allowed, as the agent asks for one name: by GET, and by a watch with
+    # fieldSelector metadata.name); None: every object of the resources.
+    named_by: str | None = None
 
     def namespace(self, agent_namespace: str) -> str | None:
         """Where the rule is granted for an agent in `agent_namespace`; None: cluster-wide."""
@@ -36,13 +41,17 @@ class Rule:
             return None
         return agent_namespace if self.scope is Scope.NAMESPACE else objects.NODE_EVENT_NAMESPACE
 
-    def policy_rule(self) -> dict[str, Any]:
-        """The rule as it appears in a ClusterRole or Role."""
-        return {
+    def policy_rule(self, names: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The rule as it appears in a ClusterRole or Role; with `names` (flag -> its value),
+        narrowed to the object its `named_by` flag names."""
+        rule: dict[str, Any] = {
             "apiGroups": list(self.api_groups),
             "resources": list(self.resources),
             "verbs": list(self.verbs),
         }
+        if names is not None and self.named_by is not None:
+            rule["resourceNames"] = [names[self.named_by]]
+        return rule
 
 
 RULES: tuple[Rule, ...] = (
@@ -56,10 +65,19 @@ RULES: tuple[Rule, ...] = (
     Rule(("",), ("pods",), ("get",), Scope.NAMESPACE,
          "owner references of the NodeFeature (POD_NAME set)"),
     Rule(("",), ("configmaps",), ("get", "watch"), Scope.NAMESPACE,
-         "read and follow the ConfigMap of per-node configs (only with CONFIG_MAP)"),
+         "read and follow the ConfigMap of per-node configs (only with CONFIG_MAP; "
+         "resourceNames: that ConfigMap)",
+         named_by="config-map"),
 )  # fmt: skip
 
 
-def rules_in(scope: Scope) -> list[dict[str, Any]]:
-    """The PolicyRules of one ClusterRole (CLUSTER) or Role (the others)."""
-    return [rule.policy_rule() for rule in RULES if rule.scope is scope]
+def rules_in(scope: Scope, names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The PolicyRules of one ClusterRole (CLUSTER) or Role (the others). With `names`
+    (flag -> its value), a rule narrowed to an object is narrowed to the one named, and left
+    out when its flag is not set, as the agent then makes no such call."""
+    return [
+        rule.policy_rule(names)
+        for rule in RULES
+        if rule.scope is scope
+        and (names is None or rule.named_by is None or names.get(rule.named_by))
+    ]

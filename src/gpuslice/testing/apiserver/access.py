@@ -36,12 +36,14 @@ class Access:
 
 @dataclass(frozen=True)
 class Grant:
-    """Verbs on resources of one API group, cluster-wide (namespace None) or in one namespace."""
+    """Verbs on resources of one API group, cluster-wide (namespace None) or in one namespace,
+    on the objects named in `names` only (RBAC's resourceNames) when it is not empty."""
 
     api_group: str
     resources: frozenset[str]
     verbs: frozenset[str]
     namespace: str | None = None
+    names: frozenset[str] = frozenset()
 
     def allows(self, access: Access) -> bool:
         return (
@@ -49,6 +51,7 @@ class Grant:
             and access.resource in self.resources
             and access.verb in self.verbs
             and (self.namespace is None or self.namespace == access.namespace)
+            and (not self.names or access.name in self.names)
         )
 
 

@@ -1,0 +1,87 @@
+"""The install-time check of config.map: a pre-install/pre-upgrade hook Job runs the agent's
+own `gpuslice config validate` with the agent's image on a hook copy of the configs, so a typo
+fails `helm install` with the agent's one-line error. The command the Job runs is run here,
+for real, on the ConfigMap data the chart rendered."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from chart_kit import CONFIGS, HOOK, container, is_hook, rendered, tool
+
+CHART = tool().CHART
+TYPO = "version: v1\nsharing:\n  timeSlicing:\n    resourcess:\n    - {name: nvidia.com/gpu}\n"
+GPUSLICE = str(Path(sys.executable).with_name("gpuslice"))
+
+
+def hooks(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    objects = tool().objects(tool().render(CHART, values, release="gpu", namespace="gpu-system"))
+    return {o["kind"]: o for o in objects if is_hook(o)}
+
+
+def run_the_job(values: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The Job's container command, with its ConfigMap volume written to a directory."""
+    found = hooks(values)
+    job, data = found["Job"], found["ConfigMap"]
+    pod = job["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    (mount,) = agent["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert volume["configMap"]["name"] == data["metadata"]["name"]
+    for entry, text in data["data"].items():
+        (tmp_path / entry).write_text(text)
+    args = [str(tmp_path) if a == mount["mountPath"] else a for a in agent["args"]]
+    return subprocess.run(
+        [GPUSLICE, *args], env={}, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_hook_runs_before_install_and_upgrade_with_the_agents_image() -> None:
+    found = hooks({"config": {"map": CONFIGS, "default": "t4-ts-4"}})
+    assert set(found) == {"ConfigMap", "Job"}
+    job, data = found["Job"], found["ConfigMap"]
+    for obj in (job, data):
+        assert obj["metadata"]["annotations"][HOOK] == "pre-install,pre-upgrade"
+    weights = [int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in (data, job)]
+    assert weights[0] < weights[1]  # the configs exist before the Job starts
+    assert data["data"] == CONFIGS
+    (agent,) = job["spec"]["template"]["spec"]["containers"]
+    assert agent["image"] == container(rendered("config-map"))["image"]
+    assert agent["args"][:2] == ["config", "validate"]
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_no_hook_without_inline_configs_or_when_turned_off() -> None:
+    assert hooks({}) == {}
+    assert hooks({"config": {"name": "theirs"}}) == {}
+    assert hooks({"config": {"map": CONFIGS, "default": "t4-ts-4", "validate": False}}) == {}
+
+
+def test_the_jobs_command_passes_good_configs(tmp_path: Path) -> None:
+    result = run_the_job({"config": {"map": CONFIGS, "default": "t4-ts-4"}}, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_jobs_command_refuses_a_typo_with_the_agents_one_line_error(tmp_path: Path) -> None:
+    values = {"config": {"map": {**CONFIGS, "typo": TYPO}, "default": "t4-ts-4"}}
+    result = run_the_job(values, tmp_path)
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("gpuslice: error: ")
+    assert "typo: sharing.timeSlicing.resourcess: unknown field; did you mean resources?" in line
+
+
+def test_the_job_checks_each_configs_text_only(tmp_path: Path) -> None:
+    """What depends on the node (GPUs, MIG mode, MPS_ROOT) is the agent's to check there:
+    an MPS config passes the Job whatever mps.enabled says, and the Job gets no flag env."""
+    mps = (
+        "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
+    )
+    values = {"config": {"map": {"mps": mps}}, "migStrategy": "mixed"}
+    (agent,) = hooks(values)["Job"]["spec"]["template"]["spec"]["containers"]
+    assert "env" not in agent
+    assert run_the_job(values, tmp_path).returncode == 0
