@@ -21,7 +21,17 @@ from typing import Any
 
 import grpc
 
-from bench import configmap, events, listing, memory, reconfig, rpc, sampling, startup
+from bench import (
+    configmap,
+    events,
+    listing,
+    memory,
+    reconfig,
+    rpc,
+    sampling,
+    startup,
+    upgrade,
+)
 from bench.harness import Figure, failed, table
 from bench.plan import FULL, QUICK, Plan
 from bench.rigs import REPO, quiet_logs
@@ -36,6 +46,7 @@ GROUPS: dict[str, Group] = {
     "startup": (startup.FIGURES, startup.run),
     "memory": (memory.FIGURES, memory.run),
     "sampling": (sampling.FIGURES, sampling.run),
+    "upgrade": (upgrade.FIGURES, upgrade.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kubelet.dirlock import Holder, claim
+from gpuslice.adapters.kubelet.dirlock import Holder, claim, directory_present
 from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
+from gpuslice.adapters.kubelet.handover import DirClaim
 from gpuslice.config import settings as config_settings
 from gpuslice.config.checks import duration_seconds, show
 from gpuslice.config.flags import FALSE_WORDS, FLAGS_BY_NAME, resolve, setting, with_defaults
@@ -52,6 +54,7 @@ from gpuslice.services.watchdog import Watchdog
 if TYPE_CHECKING:
     from gpuslice.adapters.kubelet.podresources import PodResourcesClient
     from gpuslice.adapters.metrics import PrometheusMetrics
+    from gpuslice.adapters.status_http import StatusServer
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -399,7 +402,13 @@ def _list(text: str) -> tuple[str, ...]:
 
 def lock_holder(opts: RunOptions) -> Holder:
     """Who this agent is, for another agent waiting on the device-plugin directory."""
-    return Holder(os.getpid(), opts.get("pod-name"), opts.get("node-name"), socket.gethostname())
+    return Holder(
+        os.getpid(),
+        opts.get("pod-name"),
+        opts.get("node-name"),
+        socket.gethostname(),
+        token=secrets.token_hex(8),
+    )
 
 
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
@@ -407,32 +416,50 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
     It serves once the device-plugin directory exists and no other agent holds it."""
     api = node_api(opts)
     try:
-        address = opts.get("status-address")
-        metrics = prometheus_metrics(opts) if address else None
+        address, metrics_address = opts.get("status-address"), opts.get("metrics-address")
+        metrics = prometheus_metrics(opts) if address or metrics_address else None
         deps = node_deps(opts, api, metrics or NO_METRICS)
         pods = pod_resources(opts)
         if pods is not None:
             deps.accounting = accounting(opts, api, metrics or NO_METRICS, pods)
+        deps.agent.claim_dir = lambda stop, waiting: _claim(opts, stop, waiting)
         node = Node(deps)
         async with contextlib.AsyncExitStack() as stack:
             if pods is not None:
                 stack.push_async_callback(pods.aclose)
-            if address:
-                from gpuslice.adapters.status_http import StatusServer
-
-                page = None
-                if metrics is not None:
-                    page = metrics.page
-                    _watch_node(metrics, node)
-                await stack.enter_async_context(StatusServer(address, node.readiness, page))
-            lock = await claim(opts.plugin_dir, lock_holder(opts), stop)
-            if lock is None:
-                return  # stopped while waiting for the directory or its lock
-            stack.callback(lock.release)
+            if metrics is not None:
+                _watch_node(metrics, node)
+            for server in _http_servers(address, metrics_address, node, metrics):
+                await stack.enter_async_context(server)
+            if not await directory_present(opts.plugin_dir, stop):
+                return  # stopped while waiting for the directory
             await node.run(stop, reload)
     finally:
         if api is not None:
             await api.aclose()
+
+
+def _http_servers(
+    address: str, metrics_address: str, node: Node, metrics: PrometheusMetrics | None
+) -> list[StatusServer]:
+    """The probes on `address`, with /metrics there too unless it has its own address."""
+    from gpuslice.adapters.status_http import METRICS_NAME, SharedRender, StatusServer
+
+    page = None if metrics is None else SharedRender(metrics.page, metrics.prepare)
+    servers = []
+    if address:
+        servers.append(StatusServer(address, node.readiness, None if metrics_address else page))
+    if metrics_address:
+        servers.append(StatusServer(metrics_address, None, page, name=METRICS_NAME))
+    return servers
+
+
+async def _claim(
+    opts: RunOptions, stop: asyncio.Event, waiting: Callable[[str], None]
+) -> DirClaim | None:
+    """The device-plugin directory, once no other agent holds it."""
+    lock = await claim(opts.plugin_dir, lock_holder(opts), stop, waiting)
+    return None if lock is None else DirClaim(lock)
 
 
 def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:

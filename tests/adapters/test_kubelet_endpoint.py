@@ -13,6 +13,7 @@ from kubelet_fakes import FakeHandler, make_resource, short_dir
 
 from gpuslice.adapters.kubelet import DevicePluginServer, KubeletEndpoint, RegistrationError
 from gpuslice.adapters.kubelet.dirlock import HOLDER_FILE, DirLock, Holder, acquire, claim
+from gpuslice.adapters.kubelet.handover import DirClaim
 from gpuslice.core.ports import SocketTaken
 from gpuslice.testing.kubelet import KubeletStandin
 
@@ -143,3 +144,39 @@ async def test_a_missing_directory_is_waited_for_then_locked(plugin_dir: str) ->
     stop = asyncio.Event()
     stop.set()
     assert await claim(os.path.join(plugin_dir, "never"), _holder(1), stop) is None
+
+
+async def test_a_hand_over_waits_for_the_successor_to_say_it_serves(plugin_dir: str) -> None:
+    old, new = DirLock(plugin_dir, _holder(1)), DirLock(plugin_dir, _holder(2))
+    assert old.try_acquire()
+    told: list[str] = []
+    taking = asyncio.create_task(acquire(new, asyncio.Event(), waiting=told.append))
+    handing = asyncio.create_task(DirClaim(old).hand_over(arrive_s=5.0))
+    assert await asyncio.wait_for(taking, 5)
+    assert told == ["pid 1001, pod gpuslice-1, node node-a"]
+    await asyncio.sleep(0.05)  # several polls: the successor holds it, not yet serving
+    assert not handing.done()
+    DirClaim(new).serving()
+    assert await asyncio.wait_for(handing, 5)
+    new.release()
+
+
+async def test_a_hand_over_with_no_successor_ends_at_once(plugin_dir: str) -> None:
+    lock = DirLock(plugin_dir, _holder(1))
+    assert lock.try_acquire()
+    lock.mark_serving()
+    assert not await DirClaim(lock).hand_over(arrive_s=0.05)
+    assert not lock.held
+    assert HOLDER_FILE not in os.listdir(plugin_dir)
+
+
+async def test_the_same_pid_in_another_pod_is_another_agent(plugin_dir: str) -> None:
+    """Two pods' agents may both be PID 1 in their namespaces: the token tells them apart."""
+    old = DirLock(plugin_dir, Holder(1, token="a"))
+    new = DirLock(plugin_dir, Holder(1, token="b"))
+    assert old.try_acquire()
+    handing = asyncio.create_task(DirClaim(old).hand_over(arrive_s=5.0))
+    assert await asyncio.wait_for(acquire(new, asyncio.Event()), 5)
+    new.mark_serving()
+    assert await asyncio.wait_for(handing, 5)
+    new.release()

@@ -125,25 +125,34 @@ async def test_an_old_instance_ending_after_a_new_one_registered_drops_the_resou
     kubelet: KubeletStandin, plugin_dir: str
 ) -> None:
     """As the real kubelet: a second plugin registers the same resource while the
-    first still streams; when the first then ends, every device of the resource
-    turns Unhealthy and the new endpoint is dropped, until a plugin registers again."""
-    old = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()))
-    new = await _serve(kubelet, plugin_dir, FakeHandler(make_resource()), "nvidia-gpu-2.sock")
+    first still streams; the first is neither told nor cut off, and pods go to the
+    second. When the first then ends, every device of the resource turns Unhealthy
+    (capacity kept), the second's stream is cancelled and pods fail, until a plugin
+    registers again."""
+    old_handler, new_handler = FakeHandler(make_resource()), FakeHandler(make_resource())
+    old = await _serve(kubelet, plugin_dir, old_handler)
+    new = await _serve(kubelet, plugin_dir, new_handler, "nvidia-gpu-2.sock")
+    assert kubelet.stale_streams == []
+    assert kubelet.node_status().allocatable[GPU] == 2  # both stream; the new one is used
+    await kubelet.admit("pod-0", {"main": {GPU: 1}})
+    assert (len(old_handler.allocate_calls), len(new_handler.allocate_calls)) == (0, 1)
+
+    await old.stop(0)
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
     (stale,) = kubelet.stale_streams
     assert (stale.resource, stale.old_endpoint, stale.new_endpoint) == (
         GPU,
         "nvidia-gpu.sock",
         "nvidia-gpu-2.sock",
     )
-    assert kubelet.node_status().allocatable[GPU] == 2  # both stream; the new one is used
-
-    await old.stop(0)
-    await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
+    async with asyncio.timeout(5):
+        await new.wait_dropped()  # the new plugin saw the kubelet cancel its stream
     status = kubelet.node_status()
     assert (status.capacity[GPU], status.allocatable[GPU]) == (2, 0)
     assert not any(d.healthy for d in kubelet.devices(GPU).values())
-    with pytest.raises(AdmissionError, match="no healthy devices present"):
+    with pytest.raises(AdmissionError, match="no healthy devices present") as err:
         await kubelet.admit("pod-1", {"main": {GPU: 1}})
+    assert err.value.reason == "UnexpectedAdmissionError"
 
     await new.register(kubelet.socket_path)  # the surviving plugin registers again
     await kubelet.wait_for(lambda k: k.serves({GPU: 2}))

@@ -34,6 +34,7 @@ FIGURES = {
     "rss_growth",
     "sample_cpu",
     "sample_rss_growth",
+    "upgrade_gap",
 }
 
 

@@ -37,10 +37,7 @@ from gpuslice.config.v1 import Config
 
 # Read by the NVIDIA container runtime, not by the agent.
 RUNTIME_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES"}
-# The metrics listener's address (--metrics-address): until the agent declares the flag, the
-# chart sets it ahead of it and the agent serves /metrics on the status address.
-AHEAD = {"GPUSLICE_METRICS_ADDRESS"} - {v for flag in FLAGS for v in flag.env}
-RUN_ENV = {var for flag in FLAGS if flag.taken_by("run") for var in flag.env} | AHEAD
+RUN_ENV = {var for flag in FLAGS if flag.taken_by("run") for var in flag.env}
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 AGENT = ("template", "spec", "containers", 0)  # the agent container in a DaemonSet spec
 

@@ -200,6 +200,15 @@ class _FakeEndpoint:
     def down(self) -> str | None:
         return "went down" if self._down.is_set() else None
 
+    def release_socket(self) -> None:
+        return None
+
+    async def wait_listed(self) -> None:
+        return None
+
+    async def wait_dropped(self) -> None:
+        await asyncio.Event().wait()  # the kubelet never drops it
+
     async def wait_down(self) -> str:
         down = self._down
         await down.wait()

@@ -1,6 +1,17 @@
-"""A tiny HTTP endpoint for probes: /healthz (the loop answers) and /readyz
-(200 when ready, 503 otherwise, with a JSON body saying why), and /metrics when
-the agent has metrics (Prometheus text, rendered on the loop at each scrape)."""
+"""Tiny HTTP endpoints: probes on --status-address, /healthz (the loop answers) and
+/readyz (200 when ready, 503 otherwise, with a JSON body saying why), and /metrics
+(Prometheus text) there or alone on --metrics-address.
+
+Every request is bounded: a request line over MAX_LINE bytes is answered 414, headers
+over MAX_HEADER_BYTES or MAX_HEADER_LINES 431, each in one line; the whole request
+must arrive and the answer be taken within `timeout_s`, or the connection is closed;
+beyond `max_connections` open at once, the oldest is closed, so that slow clients
+can neither pile up file descriptors nor keep the kubelet's probes out. /metrics
+is rendered off the loop (the agent's state is read on it first, which is cheap), one
+render at a time: every request that arrives while one runs shares it. The port is
+bound with SO_REUSEPORT, so that an agent's successor started beside it (sharing the
+node's network under hostNetwork) can listen on the same port while the old one runs.
+"""
 
 from __future__ import annotations
 
@@ -21,30 +32,82 @@ log = structlog.get_logger("gpuslice.status")
 
 # () -> (ready, details)
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
-# () -> (content type, body)
+# () -> (content type, body); called off the loop
 MetricsPage = Callable[[], tuple[str, bytes]]
 JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+MAX_LINE = 8 * 1024  # the request line, and any one header line
 MAX_HEADER_LINES = 100
+MAX_HEADER_BYTES = 16 * 1024
+MAX_CONNECTIONS = 32
+TIMEOUT_S = 5.0
 NAME = "--status-address (GPUSLICE_STATUS_ADDRESS)"  # what a listen error names
+METRICS_NAME = "--metrics-address (GPUSLICE_METRICS_ADDRESS)"
 _WHY = {
     errno.EADDRINUSE: "the port is in use (with hostNetwork: by any process on the node)",
     errno.EADDRNOTAVAIL: "not an address of this host",
     errno.EACCES: "permission denied (ports below 1024 need privileges)",
 }
+Reply = tuple[str, str, bytes]  # status, content type, body
+
+
+class _TooLargeError(Exception):
+    def __init__(self, status: str, what: str) -> None:
+        super().__init__(what)
+        self.status = status
+
+
+class SharedRender:
+    """One render of a page at a time, off the loop; callers that come while it runs
+    share its result. `prepare` (on the loop) reads what the render needs first."""
+
+    def __init__(self, render: MetricsPage, prepare: Callable[[], None] | None = None) -> None:
+        self._render = render
+        self._prepare = prepare
+        self._running: asyncio.Future[tuple[str, bytes]] | None = None
+        self.renders = 0  # how many renders ran
+
+    async def page(self) -> tuple[str, bytes]:
+        running = self._running
+        if running is None:
+            if self._prepare is not None:
+                self._prepare()
+            self.renders += 1
+            running = asyncio.ensure_future(asyncio.to_thread(self._render))
+            self._running = running
+            running.add_done_callback(self._done)
+        return await asyncio.shield(running)
+
+    def _done(self, future: asyncio.Future[tuple[str, bytes]]) -> None:
+        if self._running is future:
+            self._running = None
 
 
 class StatusServer:
+    """Serves the probes (when `readiness` is given) and /metrics (when `metrics` is)."""
+
     def __init__(
-        self, address: str, readiness: ReadinessProbe, metrics: MetricsPage | None = None
+        self,
+        address: str,
+        readiness: ReadinessProbe | None,
+        metrics: MetricsPage | SharedRender | None = None,
+        *,
+        name: str = NAME,
+        timeout_s: float = TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
+        self._name = name
         split = split_address(address)
         if split is None:
-            raise BackendError(f"{NAME} {address}: expected host:port")
+            raise BackendError(f"{name} {address}: expected host:port")
         self._address = address
         self._host = split[0] or "0.0.0.0"  # noqa: S104 - probes come from the kubelet
         self._port = split[1]
         self._readiness = readiness
-        self._metrics = metrics
+        self._metrics = SharedRender(metrics) if callable(metrics) else metrics
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._open: dict[asyncio.Transport, None] = {}  # oldest first
         self._server: asyncio.Server | None = None
 
     @property
@@ -52,17 +115,24 @@ class StatusServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
     async def __aenter__(self) -> StatusServer:
         try:
-            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+            self._server = await asyncio.start_server(
+                self._handle, self._host, self._port, limit=MAX_LINE, reuse_port=True
+            )
         except socket.gaierror as exc:
-            raise BackendError(f"{NAME} {self._address}: unknown host ({exc.strerror})") from exc
+            why = f"unknown host ({exc.strerror})"
+            raise BackendError(f"{self._name} {self._address}: {why}") from exc
         except UnicodeError as exc:  # IDNA refuses the name: an empty or over-long label
-            raise BackendError(f"{NAME} {self._address}: not a valid host name") from exc
+            raise BackendError(f"{self._name} {self._address}: not a valid host name") from exc
         except OSError as exc:
             why = _WHY.get(exc.errno or 0) or " ".join(str(exc).split())
-            raise BackendError(f"{NAME} {self._address}: cannot listen: {why}") from exc
-        log.info("status_serving", address=f"{self._host}:{self.port}")
+            raise BackendError(f"{self._name} {self._address}: cannot listen: {why}") from exc
+        log.info("status_serving", address=f"{self._host}:{self.port}", paths=self._paths())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -72,41 +142,106 @@ class StatusServer:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        if len(self._open) >= self._max_connections:  # its fd is freed now
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            oldest.abort()
+        self._open[transport] = None
         try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            parts = request.decode("latin-1").split()
-            path = parts[1].partition("?")[0] if len(parts) > 1 else ""
-            # An HTTP/1.x request has headers: read them all, as closing a socket with
-            # unread data sends a reset that may destroy the reply on its way.
-            for _ in range(MAX_HEADER_LINES if len(parts) > 2 else 0):
-                if await asyncio.wait_for(reader.readline(), 5) in (b"\r\n", b"\n", b""):
-                    break
-            status, kind, payload = self._respond(path)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(self._timeout_s):
+                try:
+                    path = await _read_request(reader)
+                    if transport.is_closing():  # closed to make room for a newer one
+                        return
+                    reply = await self._respond(path)
+                except _TooLargeError as exc:
+                    reply = exc.status, TEXT, f"{exc}\n".encode()
+                await _send(writer, reply)
+                if reply[0].startswith("4"):
+                    writer.write_eof()
+                    await _drain_input(reader)
+                writer.close()
                 await writer.wait_closed()
+        except (TimeoutError, ConnectionError):
+            writer.transport.abort()  # a slow or vanished client: its fd is freed now
+        finally:
+            self._open.pop(transport, None)
+            if not writer.transport.is_closing():
+                writer.transport.abort()
 
-    def _respond(self, path: str) -> tuple[str, str, bytes]:
+    async def _respond(self, path: str) -> Reply:
         if path == "/metrics" and self._metrics is not None:
-            kind, page = self._metrics()
+            kind, page = await self._metrics.page()
             return "200 OK", kind, page
         status, body = self._route(path)
         return status, JSON, json.dumps(body, sort_keys=True).encode()
 
     def _route(self, path: str) -> tuple[str, dict[str, Any]]:
-        if path == "/healthz":
-            return "200 OK", {"ok": True}
-        if path == "/readyz":
-            ready, details = self._readiness()
-            return ("200 OK" if ready else "503 Service Unavailable"), {"ready": ready, **details}
-        paths = "/healthz, /readyz or /metrics" if self._metrics else "/healthz or /readyz"
-        return "404 Not Found", {"error": f"no such path {path!r}; use {paths}"}
+        if self._readiness is not None:
+            if path == "/healthz":
+                return "200 OK", {"ok": True}
+            if path == "/readyz":
+                ready, details = self._readiness()
+                status = "200 OK" if ready else "503 Service Unavailable"
+                return status, {"ready": ready, **details}
+        return "404 Not Found", {"error": f"no such path {path[:100]!r}; use {self._paths()}"}
+
+    def _paths(self) -> str:
+        paths = ["/healthz", "/readyz"] if self._readiness is not None else []
+        paths += ["/metrics"] if self._metrics is not None else []
+        return " or ".join(paths)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> str:
+    """The request's path, once its headers are read. Raises _TooLargeError."""
+    try:
+        request = await reader.readline()
+    except ValueError:  # over the reader's limit
+        raise _TooLargeError("414 URI Too Long", f"request line over {MAX_LINE} bytes") from None
+    parts = request.decode("latin-1").split()
+    path = parts[1].partition("?")[0] if len(parts) > 1 else ""
+    # An HTTP/1.x request has headers: read them all, as closing a socket with
+    # unread data sends a reset that may destroy the reply on its way.
+    if len(parts) > 2:
+        size = 0
+        for _ in range(MAX_HEADER_LINES + 1):
+            try:
+                line = await reader.readline()
+            except ValueError:
+                raise _TooLargeError("431 Request Header Fields Too Large", _HEADERS) from None
+            if line in (b"\r\n", b"\n", b""):
+                return path
+            size += len(line)
+            if size > MAX_HEADER_BYTES:
+                raise _TooLargeError("431 Request Header Fields Too Large", _HEADERS)
+        raise _TooLargeError("431 Request Header Fields Too Large", _HEADERS)
+    return path
+
+
+_HEADERS = (
+    f"request headers over {MAX_HEADER_BYTES} bytes, {MAX_HEADER_LINES} lines "
+    f"or {MAX_LINE} bytes in one line"
+)
+
+
+async def _send(writer: asyncio.StreamWriter, reply: Reply) -> None:
+    status, kind, payload = reply
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+    await writer.drain()
+
+
+async def _drain_input(reader: asyncio.StreamReader, cap: int = 1024 * 1024) -> None:
+    """After refusing a request, read (and drop) what the client still sends, up to
+    `cap` bytes, so that closing does not reset the connection under the reply."""
+    with contextlib.suppress(ValueError):
+        while cap > 0:
+            chunk = await reader.read(min(cap, 64 * 1024))
+            if not chunk:
+                return
+            cap -= len(chunk)

@@ -244,7 +244,11 @@ FLAGS: tuple[Flag, ...] = (
           "publish node labels beside the plugin: auto (when in a cluster), true or false",
           choices=("auto", "true", "false")),
     _flag("status-address", "GPUSLICE_STATUS_ADDRESS", None, "",
-          "host:port for /healthz and /readyz (empty: off)", kind=ADDRESS),
+          "host:port for /healthz and /readyz, and /metrics unless --metrics-address is set "
+          "(empty: off)", kind=ADDRESS),
+    _flag("metrics-address", "GPUSLICE_METRICS_ADDRESS", None, "",
+          "host:port serving /metrics alone, e.g. 127.0.0.1:9400 (empty: /metrics is on "
+          "--status-address)", kind=ADDRESS),
     _flag("sample-interval", "GPUSLICE_SAMPLE_INTERVAL", None, "10s",
           'time between per-process GPU samples for accounting ("10s", "500ms")',
           kind=DURATION),

@@ -134,9 +134,39 @@ class PluginEndpoint(Protocol):
         """Return why, once the server stopped serving on its own (call after start)."""
         ...
 
+    async def wait_listed(self) -> None:
+        """Return once the kubelet, since our last Register call, has opened ListAndWatch
+        and been sent the list (at once when we do not register)."""
+        ...
+
+    def release_socket(self) -> None:
+        """Remove our socket file but keep serving the connections already made (the
+        kubelet's), so that a successor can serve the same path; stop() still ends it."""
+        ...
+
+    async def wait_dropped(self) -> None:
+        """Return once the kubelet cancelled a ListAndWatch stream that we did not end
+        (it dropped the resource; call after start, again for the next one)."""
+        ...
+
     async def stop(self) -> None:
         """Stop serving and remove our socket; never raises for a server already down."""
         ...
+
+
+class DirectoryClaim(Protocol):
+    """The device-plugin directory, held by this agent alone until it hands it over."""
+
+    def serving(self) -> None:
+        """Say that every resource is registered (a predecessor may end its streams)."""
+        ...
+
+    async def hand_over(self) -> bool:
+        """Release it (our sockets already removed) and return once a successor that
+        took it serves, or at once when none does; True when one took over."""
+        ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)

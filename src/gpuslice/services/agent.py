@@ -21,7 +21,7 @@ from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.ports import GpuBackend, Metrics, PodResources
+from gpuslice.core.ports import DirectoryClaim, GpuBackend, Metrics, PodResources
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
@@ -38,10 +38,13 @@ log = structlog.get_logger("gpuslice.agent")
 
 T = TypeVar("T")
 KUBELET_SOCKET = "kubelet.sock"
+LISTED_S = 5.0  # how long a successor waits for the kubelet's streams before saying it serves
 
 # (directory, names) -> async context yielding (name, "created" | "deleted") events.
 DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
 DirWatch = Callable[[str, Collection[str] | None], DirEvents]
+# (stop, told who it waits for) -> the claim, or None when stopped first.
+ClaimDir = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[DirectoryClaim | None]]
 
 
 @dataclass
@@ -63,6 +66,10 @@ class AgentDeps:
     # resource (services.holds); None: nothing is held.
     pod_resources: Callable[[], AbstractAsyncContextManager[PodResources]] | None = None
     mps: MpsDaemons | None = None  # control daemons of MPS resources (sharing.mps only)
+    # Takes the device-plugin directory from a predecessor, awaited once all else is
+    # ready and just before serving, so that a successor started beside the old agent
+    # serves the instant the old one lets go; handed over to a successor on the way out.
+    claim_dir: ClaimDir | None = None
 
 
 class Agent:
@@ -85,6 +92,7 @@ class Agent:
         self.holds: DeviceHolds | None = None  # set once run() has PodResources
         self.mps = deps.mps
         self.ready = asyncio.Event()  # set once every resource was served the first time
+        self.waiting_for: str | None = None  # the predecessor holding the directory, if any
 
     @property
     def snapshot(self) -> HardwareSnapshot:
@@ -114,6 +122,7 @@ class Agent:
         Raises PluginServerFailed when a resource's server failed more often than
         the restart budget allows (after stopping everything).
         """
+        claim: DirectoryClaim | None = None
         if self._deps.load_settings is not None:
             self.desired.put(self._deps.load_settings())
         first = await unless_stopped(self.desired.newer_than(0), stop)
@@ -143,6 +152,11 @@ class Agent:
                 if self._deps.pod_resources is not None:
                     pods = await stack.enter_async_context(self._deps.pod_resources())
                     self.holds = DeviceHolds(pods, self._hold_moved)
+                if self._deps.claim_dir is not None:
+                    claim = await self._deps.claim_dir(stop, self._waiting)
+                    self.waiting_for = None
+                    if claim is None:
+                        return  # stopped while a predecessor still served
                 await self._serve_first(generation, settings)
                 self._monitor = HealthMonitor(
                     self._backend,
@@ -164,6 +178,10 @@ class Agent:
                     gpus=gpus(self.snapshot),
                     serving=served(counts(self.resources)),
                 )
+                if claim is not None:  # a predecessor waits for it to end its streams
+                    stack.push_async_callback(
+                        _cancelled, asyncio.create_task(self._say_serving(claim))
+                    )
                 tasks = [asyncio.create_task(self._converge())]
                 if events is not None:
                     tasks.append(asyncio.create_task(self._watch_kubelet(events)))
@@ -184,9 +202,18 @@ class Agent:
                 if self.manager.error is not None:
                     raise self.manager.error
         finally:
-            await self.manager.stop()
-            if self._deps.mps is not None:
-                await self._deps.mps.close()
+            mps = self._deps.mps
+            if claim is not None and not (mps is not None and mps.daemons):
+                # Serve on until a successor has registered (MPS daemons, which a
+                # successor would start again, are never run side by side).
+                self.manager.release_sockets()
+                await claim.hand_over()
+                claim = None
+            await self.manager.stop()  # every stream ended, every socket removed
+            if mps is not None:
+                await mps.close()
+            if claim is not None:  # a successor may serve now, while we close the rest
+                claim.release()
             backend = self._backend
             await self._call(backend.close)
             self._pool.shutdown(wait=True)
@@ -294,6 +321,16 @@ class Agent:
                     if handler.resource.socket_name == name:
                         await self.manager.socket_deleted(res)
 
+    async def _say_serving(self, claim: DirectoryClaim) -> None:
+        """Once the kubelet reads every list from us (LISTED_S at most), say so to a
+        predecessor waiting to end its streams."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.manager.listed(), LISTED_S)
+        claim.serving()
+
+    def _waiting(self, holder: str) -> None:
+        self.waiting_for = holder
+
     def _hold_moved(self, held: frozenset[str]) -> None:
         self.manager.hold_unhealthy(held, by="moved")
 
@@ -317,6 +354,11 @@ async def _first_of(tasks: list[asyncio.Task[None]], *events: asyncio.Event) -> 
         for wait in waits:
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _crashed(tasks: list[asyncio.Task[None]]) -> AgentTaskFailed | None:

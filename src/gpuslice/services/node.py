@@ -68,6 +68,13 @@ class Node:
         registered = self.agent.manager.registered()
         ready = self.agent.ready.is_set() and all(registered.values())
         details: dict[str, Any] = {"resources": registered}
+        predecessor = self.agent.waiting_for
+        if predecessor is not None:  # a successor in a rolling update: ready to take over
+            ready = True
+            details["waiting"] = (
+                f"for the agent serving the device-plugin directory now ({predecessor}) "
+                "to stop; this one serves the instant it does"
+            )
         mps = self.agent.mps
         if mps is not None and mps.daemons:  # new replicas withheld for an old daemon's clients
             waiting = mps.waiting

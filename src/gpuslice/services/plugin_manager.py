@@ -28,6 +28,7 @@ from gpuslice.core.topology import Topology
 from gpuslice.services.resource_handler import ResourceHandler
 from gpuslice.services.supervisor import Supervisor
 from gpuslice.services.supervisor_events import (
+    UP,
     Counters,
     KubeletRestarted,
     SocketDeleted,
@@ -152,6 +153,19 @@ class PluginManager:
         supervisor = self._supervisors.get(name)
         if supervisor is not None:
             await supervisor.send(SocketDeleted())
+
+    async def listed(self) -> None:
+        """Return once the kubelet reads every registered resource's list from us."""
+        await asyncio.gather(
+            *(s.endpoint.wait_listed() for s in self._supervisors.values() if s.state in UP)
+        )
+
+    def release_sockets(self) -> None:
+        """Remove every served socket file, still serving the kubelet's connections, for
+        a successor to serve the same paths (adapters/kubelet/handover.py)."""
+        for supervisor in self._supervisors.values():
+            if supervisor.state in UP:
+                supervisor.endpoint.release_socket()
 
     async def stop(self) -> None:
         await asyncio.gather(*(self._drop(name) for name in list(self._handlers)))

@@ -1,10 +1,11 @@
 """One supervisor per served resource: an explicit state machine fed by events.
 
     NEW --start--> STARTING --served--> REGISTERING --done--> REGISTERED
-                     |   ^                  | failed              |
-                     |   |                  v                     |
-      cannot start / |   +--- restart --- SERVING (retry due) <---+ kubelet restarted,
-      server down    v                                              socket deleted
+                     |   ^                  | failed              |  ^ stream
+                     |   |                  v                     |  | dropped:
+      cannot start / |   +--- restart --- SERVING (retry due) <---+  | register
+      server down    v                                              kubelet restarted,
+                                                                    socket deleted
                  BACKING_OFF --budget spent--> FAILED
     socket served by another plugin: BLOCKED until it goes;  stop: STOPPED
 
@@ -40,6 +41,7 @@ from gpuslice.services.supervisor_events import (
     Start,
     State,
     Stop,
+    StreamDropped,
     TimerDue,
     Timing,
 )
@@ -74,6 +76,7 @@ class Supervisor:
         self._step_task: asyncio.Task[None] | None = None
         self._incarnation = 0  # the server started last
         self._watch: asyncio.Task[None] | None = None
+        self._watch_drops: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()  # the first Register call ended, or none will run
         self._changed = asyncio.Event()  # set, and replaced, on each change of state
         self._queue: asyncio.Queue[tuple[Event, asyncio.Future[None] | None]] = asyncio.Queue()
@@ -147,6 +150,14 @@ class Supervisor:
         elif isinstance(event, ServerDown):
             if event.incarnation == self._incarnation and state in UP:
                 await self._fail(await self._take_down() or event.reason)
+        elif isinstance(event, StreamDropped):
+            # The kubelet serving now dropped us (an older stream of the resource ended
+            # after we registered): register again at once. A kubelet restart, which
+            # ends every stream too, is left to KubeletRestarted.
+            mine = event.incarnation == self._incarnation and state is State.REGISTERED
+            if mine and self.endpoint.current():
+                log.warning("stream_dropped_registering_again", resource=self.name)
+                await self._register()
         elif event.step == self._step:
             await self._on_step(event)
 
@@ -203,6 +214,7 @@ class Supervisor:
             self._blocked = 0
         self._incarnation += 1
         self._watch = asyncio.create_task(self._watch_down(self._incarnation))
+        self._watch_drops = asyncio.create_task(self._dropped(self._incarnation))
         await self._register()
 
     async def _take_down(self) -> str | None:
@@ -211,6 +223,8 @@ class Supervisor:
         await self._cancel_step()
         watch, self._watch = self._watch, None
         await _cancelled(watch)
+        drops, self._watch_drops = self._watch_drops, None
+        await _cancelled(drops)
         await self._stop_endpoint()
         return self.endpoint.down() if was_up else None
 
@@ -275,6 +289,11 @@ class Supervisor:
     async def _watch_down(self, incarnation: int) -> None:
         reason = await self.endpoint.wait_down()
         self._post(ServerDown(incarnation, reason))
+
+    async def _dropped(self, incarnation: int) -> None:
+        while True:
+            await self.endpoint.wait_dropped()
+            self._post(StreamDropped(incarnation))
 
 
 async def _cancelled(task: asyncio.Task[None] | None) -> None:

@@ -46,6 +46,13 @@ class ServerDown:
 
 
 @dataclass(frozen=True)
+class StreamDropped:
+    """The kubelet cancelled a ListAndWatch stream of this server: it dropped the resource."""
+
+    incarnation: int
+
+
+@dataclass(frozen=True)
 class RegisterDone:
     step: int
 
@@ -67,6 +74,7 @@ Event = (
     | SocketDeleted
     | Stop
     | ServerDown
+    | StreamDropped
     | RegisterDone
     | RegisterFailed
     | TimerDue

@@ -398,6 +398,7 @@ UPSTREAM = {
     "config-map": ("CONFIG_MAP", None),
     "labels": ("GPUSLICE_LABELS", None),
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
+    "metrics-address": ("GPUSLICE_METRICS_ADDRESS", None),
     "sample-interval": ("GPUSLICE_SAMPLE_INTERVAL", None),
     "pod-resources-socket": ("GPUSLICE_POD_RESOURCES_SOCKET", None),
     "accounting": ("GPUSLICE_ACCOUNTING", None),
@@ -517,6 +518,12 @@ def test_a_malformed_status_address_is_refused_naming_the_env_var() -> None:
     with pytest.raises(ConfigError, match=r'^env GPUSLICE_STATUS_ADDRESS: got "8080"; expected'):
         check_settings({}, {"GPUSLICE_STATUS_ADDRESS": "8080"})
     assert check_settings({"status-address": ""}, {})["status-address"] == ""
+
+
+def test_a_malformed_metrics_address_is_refused_naming_the_env_var() -> None:
+    with pytest.raises(ConfigError, match=r'^env GPUSLICE_METRICS_ADDRESS: got "9400"; expected'):
+        check_settings({}, {"GPUSLICE_METRICS_ADDRESS": "9400"})
+    assert check_settings({}, {})["metrics-address"] == ""
 
 
 @pytest.mark.parametrize("bad", ["10", "", "-1s", "0s", "infinite", "ten seconds"])

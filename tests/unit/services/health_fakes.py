@@ -94,6 +94,15 @@ class NullEndpoint:
     def down(self) -> str | None:
         return None
 
+    def release_socket(self) -> None:
+        return None
+
+    async def wait_listed(self) -> None:
+        return None
+
+    async def wait_dropped(self) -> None:
+        await asyncio.Event().wait()  # the kubelet never drops it
+
     async def wait_down(self) -> str:
         await asyncio.Event().wait()  # never goes down
         return ""

@@ -71,6 +71,8 @@ class Endpoint:
         self.is_current = True
         self.present = False
         self._down: asyncio.Event = asyncio.Event()
+        self.dropped = asyncio.Event()  # set: the kubelet cancels our stream
+        self.drops_seen = asyncio.Event()
 
     async def start(self) -> None:
         self.calls.append("start")
@@ -96,6 +98,17 @@ class Endpoint:
 
     def down(self) -> str | None:
         return "it went down" if self._down.is_set() else None
+
+    def release_socket(self) -> None:
+        return None
+
+    async def wait_listed(self) -> None:
+        return None
+
+    async def wait_dropped(self) -> None:
+        await self.dropped.wait()
+        self.dropped.clear()
+        self.drops_seen.set()  # the supervisor is told in this same step
 
     async def wait_down(self) -> str:
         down = self._down
@@ -193,6 +206,24 @@ async def test_a_restart_abandons_the_register_call_in_flight(h: Harness) -> Non
     assert h.supervisor.state is State.REGISTERED
     assert h.endpoint.calls == ["start", "register", "stop", "start", "register"]
     assert h.counters.registrations == 1
+
+
+async def test_a_stream_the_kubelet_cancels_is_registered_again_at_once(h: Harness) -> None:
+    await h.registered()
+    h.endpoint.dropped.set()  # an older stream of the resource ended: we were dropped
+    await h.endpoint.registering.wait()  # at once, on the same server, no timer
+    assert h.timers.requested == []
+    h.endpoint.answers.put_nowait(None)
+    await h.reached(State.REGISTERED)
+    assert h.endpoint.calls == ["start", "register", "register"]
+    assert h.counters.registrations == 2
+
+    h.endpoint.drops_seen.clear()
+    h.endpoint.is_current = False  # kubelet.sock re-created: a restart, left to its event
+    h.endpoint.dropped.set()
+    await h.endpoint.drops_seen.wait()
+    await h.supervisor.send(SocketDeleted())  # handled after the drop
+    assert h.endpoint.calls == ["start", "register", "register"]
 
 
 async def test_the_deletion_of_an_older_socket_file_is_no_loss(h: Harness) -> None:

@@ -6,6 +6,10 @@ directory itself, held until it exits (the kernel drops it even on SIGKILL); a
 kubelet restart may delete files in the directory but never the directory. The
 holder writes who it is to `gpuslice.lock` beside the sockets, so another agent
 can say who it waits for.
+
+A successor started while the old agent runs (a rolling update with maxSurge)
+waits for the lock, polling often enough to take over within a few milliseconds
+of the old agent letting go (docs/install.md, "Upgrades").
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import contextlib
 import fcntl
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
 import structlog
 
@@ -26,6 +31,8 @@ from gpuslice.core.waiting import unless_stopped
 _log = structlog.get_logger()
 
 HOLDER_FILE = "gpuslice.lock"
+POLL_S = 0.01  # while waiting: an open, a non-blocking flock and a close each time
+Waiting = Callable[[str], None]  # told who holds the lock, once, when it must wait
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class Holder:
     pod: str = ""
     node: str = ""
     host: str = ""
+    token: str = ""  # this process, where PIDs of two pods' namespaces may be equal
+    serving: bool = False  # it has registered every resource (a predecessor waits for it)
 
     def describe(self) -> str:
         parts = [f"pid {self.pid}"]
@@ -78,6 +87,16 @@ class DirLock:
         holder = self._read_holder()
         return holder.describe() if holder else f"a process that left no readable {self._info}"
 
+    def holder_record(self) -> Holder | None:
+        """The holder file's record, whoever wrote it (None: none readable)."""
+        return self._read_holder()
+
+    def mark_serving(self) -> None:
+        """Say in the holder file that we serve (while we hold the lock)."""
+        if self._fd is not None:
+            self.me = replace(self.me, serving=True)
+            self._write_holder()
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
@@ -105,18 +124,23 @@ class DirLock:
             return None
 
 
-async def acquire(lock: DirLock, stop: asyncio.Event, poll_s: float = 0.5) -> bool:
-    """Take `lock`, waiting while another agent holds it (said in one log line);
-    False when `stop` is set first."""
+async def acquire(
+    lock: DirLock, stop: asyncio.Event, poll_s: float = POLL_S, waiting: Waiting | None = None
+) -> bool:
+    """Take `lock`, waiting while another agent holds it (said in one log line and
+    to `waiting`); False when `stop` is set first."""
     if lock.try_acquire():
         return True
+    holder = lock.holder()
     _log.warning(
         "plugin_dir_locked_waiting",
         path=lock.directory,
-        holder=lock.holder(),
+        holder=holder,
         detail="another gpuslice agent serves this device-plugin directory; "
         "waiting for it to stop before serving",
     )
+    if waiting is not None:
+        waiting(holder)
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), poll_s)
@@ -126,9 +150,24 @@ async def acquire(lock: DirLock, stop: asyncio.Event, poll_s: float = 0.5) -> bo
     return False
 
 
-async def claim(directory: str, me: Holder, stop: asyncio.Event) -> DirLock | None:
+async def claim(
+    directory: str, me: Holder, stop: asyncio.Event, waiting: Waiting | None = None
+) -> DirLock | None:
     """Wait for `directory` to exist, then for its lock; None when `stop` comes first.
     Raises GpusliceError (one line) when the directory cannot be locked."""
+    if not await directory_present(directory, stop):
+        return None
+    lock = DirLock(directory, me)
+    try:
+        return lock if await acquire(lock, stop, waiting=waiting) else None
+    except OSError as exc:
+        raise GpusliceError(
+            f"cannot lock the device-plugin directory {directory}: {exc.strerror or exc}"
+        ) from None
+
+
+async def directory_present(directory: str, stop: asyncio.Event) -> bool:
+    """Wait for `directory` to exist (said in one log line); False when `stop` comes first."""
     if not _is_dir(directory):
         _log.warning(
             "plugin_dir_missing",
@@ -137,15 +176,9 @@ async def claim(directory: str, me: Holder, stop: asyncio.Event) -> DirLock | No
             "volume for it mounted? Waiting for it to appear",
         )
         if await unless_stopped(wait_for_directory(directory), stop) is None:
-            return None
+            return False
         _log.info("plugin_dir_appeared", path=directory)
-    lock = DirLock(directory, me)
-    try:
-        return lock if await acquire(lock, stop) else None
-    except OSError as exc:
-        raise GpusliceError(
-            f"cannot lock the device-plugin directory {directory}: {exc.strerror or exc}"
-        ) from None
+    return True
 
 
 def _is_dir(path: str) -> bool:

@@ -69,6 +69,16 @@ class KubeletEndpoint:
     async def wait_down(self) -> str:
         return await self.server.wait_down()
 
+    async def wait_listed(self) -> None:
+        if self._kubelet_socket:  # registered: the kubelet opens a stream
+            await self.server.wait_listed()
+
+    def release_socket(self) -> None:
+        self.server.release_socket()
+
+    async def wait_dropped(self) -> None:
+        await self.server.wait_dropped()
+
     async def stop(self) -> None:
         self._kubelet = None
         await self.server.stop()

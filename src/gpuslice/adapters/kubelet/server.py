@@ -69,6 +69,8 @@ class DevicePluginServer:
         self._watch: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._down_reason = ""
+        self._dropped = asyncio.Event()
+        self._listed = asyncio.Event()  # a stream got its list since the last register()
 
     @property
     def serving(self) -> bool:
@@ -88,7 +90,10 @@ class DevicePluginServer:
         private = os.path.join(
             os.path.dirname(self.socket_path), f".gs{os.getpid()}-{next(_BINDS)}"
         )
-        servicer = DevicePluginServicer(self.handler, self._metrics)
+        self._dropped = asyncio.Event()
+        servicer = DevicePluginServicer(
+            self.handler, self._metrics, self._dropped.set, self._listed.set
+        )
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
@@ -111,6 +116,7 @@ class DevicePluginServer:
 
     async def register(self, kubelet_socket_path: str, timeout_s: float = 5.0) -> None:
         """Register our endpoint (the socket's base name). Raises RegistrationError."""
+        self._listed.clear()
         await register(
             kubelet_socket_path,
             endpoint=self.socket_name,
@@ -133,6 +139,28 @@ class DevicePluginServer:
         down = self._down
         await down.wait()
         return self._down_reason
+
+    async def wait_listed(self) -> None:
+        """Return once a ListAndWatch stream opened since the last register() call has
+        been sent its list (the kubelet reads from us now)."""
+        await self._listed.wait()
+
+    def release_socket(self) -> None:
+        """Remove our socket file and keep serving: connections already made (the
+        kubelet's) go on, and a successor can bind the path. stop() ends the rest."""
+        if self._bound is not None and file_id(self.socket_path) == self._bound:
+            try:
+                _unlink(self.socket_path)
+            except OSError as exc:
+                _log.warning("plugin_socket_not_removed", socket=self.socket_path, error=str(exc))
+        self._bound = None
+
+    async def wait_dropped(self) -> None:
+        """Return once the kubelet has cancelled a ListAndWatch stream of this server
+        (call after start(); each call waits for the next cancel)."""
+        dropped = self._dropped
+        await dropped.wait()
+        dropped.clear()
 
     def _mark_down(self) -> None:
         self._down_reason = f"the gRPC server for {self.resource_name} stopped on its own"

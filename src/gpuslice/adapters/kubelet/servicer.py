@@ -52,11 +52,21 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     is logged with its stack and becomes INTERNAL, and the server keeps serving.
     """
 
-    def __init__(self, handler: PluginHandler, metrics: Metrics = NO_METRICS) -> None:
+    def __init__(
+        self,
+        handler: PluginHandler,
+        metrics: Metrics = NO_METRICS,
+        on_dropped: Callable[[], None] | None = None,
+        on_listed: Callable[[], None] | None = None,
+    ) -> None:
         self._handler = handler
         self._metrics = metrics
         self._resource = handler.resource_name
         self._stopping = asyncio.Event()
+        # Told when the kubelet cancels a ListAndWatch stream we did not end: it dropped
+        # the resource (see the kubelet reference), which a new Register call restores.
+        self._on_dropped = on_dropped
+        self._on_listed = on_listed  # told when a stream has been sent its first list
 
     def stop_streams(self) -> None:
         """End every ListAndWatch stream (each returns after its current send)."""
@@ -75,10 +85,17 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         _log.info("list_and_watch_opened", resource=self._resource, generation=seen)
         try:
             yield device_list(handler.devices())
+            if self._on_listed is not None:
+                self._on_listed()
             while await self._changed(seen):
                 seen = handler.generation
                 yield device_list(handler.devices())
                 _log.info("list_and_watch_sent", resource=self._resource, generation=seen)
+        except asyncio.CancelledError:
+            if not self._stopping.is_set() and self._on_dropped is not None:
+                _log.warning("list_and_watch_cancelled_by_kubelet", resource=self._resource)
+                self._on_dropped()
+            raise
         except Exception:
             _log.exception("list_and_watch_failed", resource=self._resource)
             raise

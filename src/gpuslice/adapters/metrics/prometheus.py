@@ -3,6 +3,8 @@ one), with the process collector (the agent's CPU, RSS and open files)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -16,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from gpuslice import __version__
 from gpuslice.adapters.metrics.labels import gpu_values
+from gpuslice.adapters.metrics.scrape import ScrapeCollector
 from gpuslice.core.metrics import GpuRef
 
 # The classic text format: every Prometheus since 2.0 reads it.
@@ -85,6 +88,7 @@ class PrometheusMetrics:
             ["config"],
             registry=r,
         )
+        self._scraped: list[ScrapeCollector[Any]] = []
         self._sampled: Gauge | None = None  # absent until the first sample: no false alarm
         self._sample_failures = Counter(
             "gpuslice_sample_failures_total", "Per-process samples that failed.", registry=r
@@ -100,6 +104,14 @@ class PrometheusMetrics:
     def add(self, collector: Collector) -> None:
         """Register a collector read at each scrape (node state, accounting)."""
         self.registry.register(collector)
+        if isinstance(collector, ScrapeCollector):
+            self._scraped.append(collector)
+
+    def prepare(self) -> None:
+        """Read the agent's state for the next page, on the loop that owns it; the page
+        itself may then be rendered on another thread."""
+        for collector in self._scraped:
+            collector.prepare()
 
     def page(self) -> tuple[str, bytes]:
         """What /metrics answers: (content type, every series in the text format)."""

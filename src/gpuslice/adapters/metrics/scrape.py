@@ -23,11 +23,25 @@ class ScrapeCollector(Collector, Generic[T]):
     def __init__(self, read: Callable[[], T], hostname: str = "") -> None:
         self._read = read
         self._hostname = hostname
+        # Read ahead by prepare() for the next collect ([]: that read failed); None: not.
+        self._prepared: list[T] | None = None
+
+    def prepare(self) -> None:
+        """Read now (on the loop) for the next collect, which may run on another thread."""
+        try:
+            self._prepared = [self._read()]
+        except Exception as exc:
+            self._prepared = []
+            log.error(self.event, error=repr(exc))
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # nothing read at registration: the series come at scrape time
 
     def collect(self) -> Iterator[Metric]:
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            yield from (self.render(prepared[0]) if prepared else ())
+            return
         try:
             value = self._read()
         except Exception as exc:

@@ -40,7 +40,12 @@ class PluginEndpoint:
         self.registered_at = time.monotonic()
         self._on_update = on_update
         self._on_end = on_end
-        self._channel = grpc.aio.insecure_channel(unix_target(socket_path))
+        # A connection of its own, as the kubelet dials each client afresh: gRPC would
+        # otherwise share one with an older client of the same path (an old instance
+        # still serving the kubelet's connection after its successor took the path).
+        self._channel = grpc.aio.insecure_channel(
+            unix_target(socket_path), options=(("grpc.use_local_subchannel_pool", 1),)
+        )
         self.stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(self._channel)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -62,7 +67,7 @@ class PluginEndpoint:
         self._closing = True
         self.connected = False
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and task is not asyncio.current_task():  # not from _on_end
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

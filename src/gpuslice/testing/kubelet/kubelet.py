@@ -43,9 +43,6 @@ from gpuslice.testing.kubelet.records import (
 
 _log = structlog.get_logger()
 DIAL_TIMEOUT_S = 5.0  # how long Register waits for the plugin's options
-# A plugin that stopped its old server before registering again may have the old
-# stream's end still in flight; this long it may take to arrive.
-STREAM_END_GRACE_S = 0.5
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -80,6 +77,8 @@ class KubeletStandin:
         self.restarts = 0
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._superseded: list[PluginEndpoint] = []  # replaced, their streams still open
+        self._dropped_at: dict[str, float] = {}  # resource -> when a disconnect zeroed it
+        self._unserved: dict[str, float] = {}  # resource -> seconds at 0 after disconnects
         self._state = checkpoint.Checkpoint()
         self._server: grpc.aio.Server | None = None
         self._cond = asyncio.Condition()
@@ -209,15 +208,12 @@ class KubeletStandin:
         return problem
 
     async def _replace(self, ep: PluginEndpoint) -> None:
-        """Make `ep` the resource's endpoint. An old one whose stream is still open
-        after the grace is left streaming, as the kubelet leaves it (see _on_end)."""
+        """Make `ep` the resource's current client, as the kubelet's registerClient
+        does: an older one is neither told nor disconnected, and its stream, if still
+        open, runs on (see _on_end)."""
         old = self._endpoints.get(ep.resource)
         if old is not None:
             if old.stream_open:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(old.stream_ended.wait(), STREAM_END_GRACE_S)
-            if old.stream_open:
-                self._stale(old, ep, "old stream still open when the resource registered again")
                 self._superseded.append(old)
             else:
                 await old.close()
@@ -226,33 +222,58 @@ class KubeletStandin:
             self._state.resources.add(ep.resource)
             self._save()
 
-    def _stale(self, old: PluginEndpoint, new: PluginEndpoint, detail: str) -> None:
-        self.stale_streams.append(
-            StaleStream(time.monotonic(), old.resource, old.endpoint, new.endpoint, detail)
-        )
-        _log.warning("standin_stale_stream", resource=old.resource, detail=detail)
-
     async def _on_update(self, ep: PluginEndpoint) -> None:
+        since = self._dropped_at.get(ep.resource)
+        healthy = any(d.healthy for d in ep.devices.values())
+        if since is not None and healthy and self._endpoints.get(ep.resource) is ep:
+            del self._dropped_at[ep.resource]
+            gap = time.monotonic() - since
+            self._unserved[ep.resource] = self._unserved.get(ep.resource, 0.0) + gap
         await self._notify()
+
+    def unserved_s(self, resource: str) -> float:
+        """Seconds the resource's allocatable was 0 because its plugin was disconnected
+        (a stream ended), until a plugin registered again and sent a healthy list."""
+        since = self._dropped_at.get(resource)
+        ongoing = 0.0 if since is None else time.monotonic() - since
+        return self._unserved.get(resource, 0.0) + ongoing
+
+    def _dropped(self, ep: PluginEndpoint) -> None:
+        """Disconnect: every device Unhealthy (allocatable 0, capacity kept)."""
+        _mark_unhealthy(ep)
+        self._dropped_at.setdefault(ep.resource, time.monotonic())
 
     async def _on_end(self, ep: PluginEndpoint) -> None:
         """A plugin's ListAndWatch stream ended without the stand-in closing it. As
-        the kubelet does, this disconnects the resource, whichever endpoint serves it
-        now: every device turns Unhealthy and the endpoint is dropped. So when an old
-        instance ends after a newer one registered, the newer one is dropped too, and
-        the next pod fails with "no healthy devices present"."""
+        the kubelet's runClient does, this disconnects the resource's CURRENT client,
+        whichever stream ended: every device turns Unhealthy (capacity stays,
+        allocatable drops to 0) and that client's stream is cancelled, until a
+        plugin registers again and sends a list. So when an old instance's stream
+        ends after a newer one registered, the newer one is dropped, and a pod
+        admitted before the plugin registers again fails with "no healthy devices
+        present"."""
         current = self._endpoints.get(ep.resource)
         if ep in self._superseded:
             self._superseded.remove(ep)
             await ep.close()
-            if current is not None:
+            if current is not None and current.connected:
+                self.stale_streams.append(
+                    StaleStream(
+                        time.monotonic(),
+                        ep.resource,
+                        ep.endpoint,
+                        current.endpoint,
+                        "an old stream ended after the resource registered again",
+                    )
+                )
                 _log.warning(
                     "standin_resource_dropped", resource=ep.resource, endpoint=current.endpoint
                 )
-                _mark_unhealthy(current)
+                self._dropped(current)
                 await current.close()
         elif current is ep:
-            _mark_unhealthy(ep)
+            self._dropped(ep)
+            await ep.close()
         await self._notify()
 
     # admission

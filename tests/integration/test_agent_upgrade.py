@@ -1,0 +1,159 @@
+"""A rolling upgrade with a successor started beside the old agent (DaemonSet maxSurge),
+as real `gpuslice run` processes against the kubelet stand-in, which replaces a plugin
+as the kubelet does (any stream that ends disconnects the resource's current client).
+
+The successor shares the status port (hostNetwork), reports ready while it waits for
+the device-plugin directory, and registers while the old agent still serves; when the
+old agent's stream then ends, the stand-in (as the kubelet) drops the successor's client,
+which registers again at once. Allocatable is 0 only for that second registration
+(milliseconds, where a successor started after the old agent took its whole start-up);
+a pod admitted inside that window still fails, as it would with the kubelet, whose code
+leaves no hand-over without one (docs/install.md, "Upgrades")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+
+from agent_harness import GPU, AgentLauncher, registrations, serving
+from process_harness import AgentProcess, clean_env
+
+from gpuslice.adapters.fake import load_spec
+from gpuslice.adapters.kubelet import DevicePluginServer
+from gpuslice.core.resources import build_resources
+from gpuslice.core.response import AllocateOptions
+from gpuslice.core.sharing import ResourceSettings
+from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
+
+PERIOD_S = 0.05
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _agent(
+    processes: list[AgentProcess], plugin_dir: str, pod: str, *args: str
+) -> AgentProcess:
+    kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
+    argv = ["--fake-hardware", "t4x4", "--kubelet-socket", kubelet_socket, *args]
+    proc = await AgentProcess.start(argv, env=clean_env(POD_NAME=pod))
+    processes.append(proc)
+    return proc
+
+
+async def _readyz(port: int) -> tuple[int, dict[str, object]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /readyz HTTP/1.1\r\nHost: agent\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+class _Admissions:
+    """A pod admitted (then released) every PERIOD_S, its outcome kept; and how long
+    allocatable was 0, as seen at each admission tick."""
+
+    def __init__(self, kubelet: KubeletStandin) -> None:
+        self.kubelet = kubelet
+        self.admitted = 0
+        self.failed: list[str] = []
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = loop.time()
+        while not self.stop.is_set():
+            pod = f"pod-{self.admitted + len(self.failed)}"
+            try:
+                await self.kubelet.admit(pod, {"main": {GPU: 1}})
+            except AdmissionError as exc:
+                self.failed.append(f"{pod}: {exc}")
+            else:
+                self.admitted += 1
+                await self.kubelet.release(pod)
+            tick += PERIOD_S
+            await asyncio.sleep(max(0.0, tick - loop.time()))
+
+
+async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_registers(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    port = _free_port()
+    status = ("--status-address", f"127.0.0.1:{port}")
+    old = await _agent(processes, plugin_dir, "gpuslice-old", *status)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), 15)
+    pods = _Admissions(kubelet)
+    admitting = asyncio.create_task(pods.run())
+
+    new = await _agent(processes, plugin_dir, "gpuslice-new", *status)
+    await new.wait_for_line("plugin_dir_locked_waiting", 15)
+    # Both listen on the port (SO_REUSEPORT); the kernel spreads connections over them.
+    answers = [await _readyz(port) for _ in range(40)]
+    assert {code for code, _ in answers} == {200}
+    waiting = [body["waiting"] for _, body in answers if "waiting" in body]
+    assert waiting, "no /readyz answer came from the successor"
+    assert f"pid {old.proc.pid}, pod gpuslice-old" in str(waiting[0])
+    assert registrations(kubelet)[GPU] == 1  # the successor waits, touching nothing
+
+    old.signal(signal.SIGTERM)
+    rc, _ = await old.wait()
+    assert rc == 0, old.log
+    gone = time.monotonic()
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 3 and serving(k, {GPU: 4}), 15)
+    print(f"old agent exited -> successor serving in {time.monotonic() - gone:.3f} s")
+    before = pods.admitted
+    # a few more admissions with the successor alone (each one wakes wait_for)
+    await kubelet.wait_for(lambda _: pods.admitted >= before + 5, 5)
+    pods.stop.set()
+    await admitting
+    gap = kubelet.unserved_s(GPU)
+    print(f"allocatable 0 for {gap * 1000:.1f} ms; failed: {pods.failed}")
+
+    assert gap < 0.25  # one registration, not a start-up (seconds)
+    # Only a pod admitted inside that window can fail, and only for want of healthy
+    # devices: none reached an agent that had stopped serving.
+    assert len(pods.failed) <= 1 + int(gap / PERIOD_S), pods.failed
+    assert all("no healthy devices present" in f for f in pods.failed), pods.failed
+    assert registrations(kubelet)[GPU] == 3  # old; successor; successor again
+    assert pods.admitted > 10
+    code, body = await _readyz(port)
+    assert (code, "waiting" in body) == (200, False)
+    new.signal(signal.SIGTERM)
+    rc, _ = await new.wait()
+    assert rc == 0, new.log
+    assert "Traceback" not in old.log + new.log
+
+
+async def test_an_agent_the_kubelet_drops_registers_again_at_once(
+    kubelet: KubeletStandin, launcher: AgentLauncher
+) -> None:
+    """An older plugin of the resource still streams when the agent registers; when it
+    ends, the stand-in (as the kubelet) drops the agent's client and cancels its stream,
+    kubelet.sock unchanged: the agent registers again at once, with no restart."""
+    (resource,) = build_resources(load_spec("t4x4"), ResourceSettings())
+    handler = ResourceHandler(resource, AllocateOptions())
+    other = DevicePluginServer(handler, kubelet.plugin_dir, "other-gpu.sock")
+    await other.start()
+    await other.register(kubelet.socket_path)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
+    running = await launcher.start("t4x4")
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) == "nvidia-gpu.sock")
+
+    await other.stop()  # the older stream ends
+    await kubelet.wait_for(lambda k: len(k.stale_streams) == 1 and registrations(k)[GPU] == 3)
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
+    assert kubelet.endpoint(GPU) == "nvidia-gpu.sock"
+    assert running.agent.manager.server_failures == 0
+    assert running.agent.manager.registered() == {GPU: True}
+    await kubelet.admit("pod", {"main": {GPU: 1}})
