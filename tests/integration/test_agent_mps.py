@@ -317,13 +317,23 @@ async def test_a_daemon_that_cannot_start_keeps_its_replicas_unhealthy(
     await kubelet.wait_for(lambda k: all_healthy(k, False))
 
 
-async def test_an_agent_given_no_mps_control_host_keeps_the_replicas_unhealthy(
-    kubelet: KubeletStandin, launcher: AgentLauncher, root: Path
+async def test_an_agent_started_before_mps_control_waits_for_it(
+    kubelet: KubeletStandin, launcher: AgentLauncher, root: Path, plugin_dir: str
 ) -> None:
-    """--mps-control-socket names a socket nobody serves: Unhealthy, not a crash."""
+    """--mps-control-socket names a socket nobody serves yet (its pod starts later): the
+    replicas are Unhealthy and the wait is shown, without spending the restart budget;
+    once `gpuslice mps-control` answers, the daemon starts and the replicas are Healthy."""
     running = await start_mps(launcher, root, hosted=True)
     await kubelet.wait_for(lambda k: all_healthy(k, False))
-    assert not running.task.done()
+    mps = running.agent.mps
+    await settled(mps, lambda: GPU in mps.waiting if mps else False)
+    assert mps is not None
+    assert "mps.sock does not answer" in mps.waiting[GPU]
+    assert mps.status() in ({GPU: "waiting"}, {GPU: "starting"})
+    async with mps_control(root, os.path.join(plugin_dir, "mps.sock")):
+        await kubelet.wait_for(lambda k: all_healthy(k, True), 10.0)
+        assert mps.waiting == {}
+        assert daemon_pid(pipe_dir(root)) is not None
 
 
 @pytest.mark.parametrize(

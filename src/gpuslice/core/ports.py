@@ -289,6 +289,10 @@ class MpsError(GpusliceError):
     """An MPS control daemon could not be started or did not answer."""
 
 
+class MpsHostAbsent(MpsError):  # noqa: N818 - reads as what happened
+    """`gpuslice mps-control` does not answer (not started yet, or restarting)."""
+
+
 class MpsLauncher(Protocol):
     """Where MPS control daemons are started and watched (adapters.mps: from this
     process, or from `gpuslice mps-control`). Each method raises MpsError."""

@@ -36,7 +36,7 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps, plan_daemons
-from gpuslice.core.ports import MpsCommands, MpsError, MpsLauncher
+from gpuslice.core.ports import MpsCommands, MpsError, MpsHostAbsent, MpsLauncher
 from gpuslice.core.resources import Resource
 from gpuslice.core.restart import FailureRun, RestartBudget
 from gpuslice.services.supervision import Start, State, Supervisor, TimerDue, Timing
@@ -157,7 +157,8 @@ class _Supervisor(Supervisor):
     target: _Daemon
 
     def __init__(self, daemon: _Daemon, owner: MpsDaemons) -> None:
-        self.waiting: str | None = None  # why it waits for clients, while it does
+        self.waiting: str | None = None  # why it waits (clients, or mps-control), while it does
+        self._notified = False  # the Event of this wait for clients was recorded
         self._owner = owner
         super().__init__(
             daemon.resource,
@@ -194,13 +195,16 @@ class _Supervisor(Supervisor):
             await self._bring_up()
 
     async def _start_failed(self, exc: Exception) -> bool:
-        if not isinstance(exc, MustWait):
+        """An old daemon's clients, or an mps-control not answering yet (it may start
+        after the agent): waited for, looked at again every POLL_S, never a failure."""
+        if not isinstance(exc, MustWait | MpsHostAbsent):
             return False
         why = str(exc)
         if self.waiting != why:
             log.warning("mps_daemon_waiting", resource=self.name, detail=why)
-            if self.waiting is None and self.target.want is not None:
-                self._owner.notify_later(why)
+        if isinstance(exc, MustWait) and self.target.want is not None and not self._notified:
+            self._owner.notify_later(why)  # one Event per wait for clients
+            self._notified = True
         self.waiting = why
         self._set(State.WAITING)
         await self._timer(self._owner.poll_s)
@@ -215,7 +219,7 @@ class _Supervisor(Supervisor):
 
     def _set(self, state: State) -> None:
         if state not in (State.WAITING, State.STARTING):
-            self.waiting = None
+            self.waiting, self._notified = None, False
         super()._set(state)
 
     def _failed(self, reason: str, failures: int, retry_in_s: float | None) -> None:

@@ -23,7 +23,7 @@ import structlog
 
 from gpuslice.adapters.mps.local import LocalLauncher
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
-from gpuslice.core.ports import MpsError
+from gpuslice.core.ports import MpsError, MpsHostAbsent
 
 log = structlog.get_logger("gpuslice.mps_control")
 
@@ -156,7 +156,7 @@ class RemoteLauncher:
                 asyncio.open_unix_connection(self.socket_path, limit=LINE_MAX), REQUEST_TIMEOUT_S
             )
         except (OSError, TimeoutError) as exc:
-            raise MpsError(f"{where} does not answer: {_why(exc)}") from None
+            raise MpsHostAbsent(f"{where} does not answer: {_why(exc)}") from None
         try:
             writer.write(json.dumps(request).encode() + b"\n")
             await writer.drain()
