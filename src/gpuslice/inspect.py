@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.core.cdi import uses_cdi
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.mps import plan_serving
+from gpuslice.core.resources import Resource, unmatched_rule_warnings
+from gpuslice.core.response import AllocateOptions
 from gpuslice.wiring import (
     RunOptions,
     effective_config,
     label_flags,
     machine_type,
     open_backend,
+    pinned_limit,
     settings_from,
 )
 
@@ -28,7 +32,9 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         snapshot = backend.snapshot()
     finally:
         backend.close()
-    resources = build_resources(snapshot, cfg.resources)
+    resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
+        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned_limit(opts)
+    )
     machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
     labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
     return {
@@ -60,10 +66,22 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         "config": loaded.source or "(defaults)",
         "warnings": [
             *cfg.warnings,
+            *_toolkit_warnings(opts, cfg.allocate),
             *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
             *labelled.warnings,
         ],
     }
+
+
+def _toolkit_warnings(opts: RunOptions, allocate: AllocateOptions) -> list[str]:
+    """Under a cdi-* strategy: that the NVIDIA Container Toolkit's spec is missing."""
+    directory = opts.get("cdi-spec-dir")
+    if not directory or not uses_cdi(allocate):
+        return []
+    from gpuslice.adapters.cdi_file import find_toolkit_devices
+
+    problem = find_toolkit_devices(directory).problem
+    return [] if problem is None else [problem]
 
 
 def served_as(gpu_uuid: str, resources: Sequence[Resource]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.mps import plan_serving
 from gpuslice.core.ports import GpuBackend
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.labeller import Labeller, snapshot_labels
@@ -27,6 +28,7 @@ from gpuslice.wiring import (
     label_output,
     node_api,
     open_backend,
+    pinned_limit,
     settings_from,
 )
 
@@ -43,7 +45,7 @@ async def run_labels(
     mode, a labelling or output that fails."""
     loaded = effective_config(opts)
     first = settings_from(loaded, opts)
-    resources = first.resources
+    resources, mps_root = first.resources, first.allocate.mps_root
     api = node_api(opts)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
     loop = asyncio.get_running_loop()
@@ -60,7 +62,10 @@ async def run_labels(
         async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
             if backend is None:
                 return NO_GPUS, resources
-            return await loop.run_in_executor(pool, backend.snapshot), resources
+            snapshot = await loop.run_in_executor(pool, backend.snapshot)
+            # what `run` refuses on this hardware is not labelled either (HardwareError)
+            plan_serving(snapshot, resources, mps_root, pinned_limit_mib=pinned_limit(opts))
+            return snapshot, resources
 
         labeller = Labeller(
             snapshot_labels(read, machine=output.machine),
@@ -71,9 +76,10 @@ async def run_labels(
         )
 
         async def reread() -> None:
-            nonlocal resources
+            nonlocal resources, mps_root
             try:
-                resources = settings_from(effective_config(opts), opts).resources
+                again = settings_from(effective_config(opts), opts)
+                resources, mps_root = again.resources, again.allocate.mps_root
             except GpusliceError as exc:
                 log.error("config_rejected_keeping_last_good", error=str(exc))
             try:

@@ -7,11 +7,14 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from gpuslice.adapters.fswatch import DirWatcher
@@ -68,6 +71,9 @@ class RunOptions:
     config_name: str | None = None
     fake_hardware: str | None = None
     fake_events: str | None = None
+    # With --kubelet-socket "" (do not register): a private directory of this process
+    # for the plugin sockets, so the node's device-plugin directory is never touched.
+    own_plugin_dir: str | None = None
 
     @property
     def kubelet_socket(self) -> str:
@@ -75,6 +81,8 @@ class RunOptions:
 
     @property
     def plugin_dir(self) -> str:
+        if not self.kubelet_socket and self.own_plugin_dir:
+            return self.own_plugin_dir
         return os.path.dirname(self.kubelet_socket) or DEFAULT_PLUGIN_DIR
 
     def get(self, name: str) -> str:
@@ -191,6 +199,11 @@ def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
     )
 
 
+def pinned_limit(opts: RunOptions) -> int:
+    """--mps-pinned-memory-limit in MiB (0: the GPU's memory / replicas)."""
+    return int(opts.get("mps-pinned-memory-limit") or 0)
+
+
 def mps_binary(opts: RunOptions) -> list[str]:
     """The MPS control binary: the simulated one on simulated hardware unless
     --mps-control-binary names one."""
@@ -209,7 +222,7 @@ def mps_daemons(opts: RunOptions) -> MpsDaemons:
     return MpsDaemons(
         RemoteLauncher(socket) if socket else LocalLauncher(binary),
         ControlCommands(binary),
-        pinned_limit_mib=int(opts.get("mps-pinned-memory-limit") or 0),
+        pinned_limit_mib=pinned_limit(opts),
         roots=(opts.get("mps-root"),),
     )
 
@@ -234,10 +247,15 @@ def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
     directory = opts.get("cdi-spec-dir")
     if not directory:
         return None
-    from gpuslice.adapters.cdi_file import CdiSpecDir, present_nodes
+    from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, present_nodes
 
     extra = {} if opts.fake_hardware else {k: present_nodes(v) for k, v in EXTRA_NODES.items()}
-    return CdiSpecs(CdiSpecDir(directory), control_devices=control, extra_nodes=extra)
+    return CdiSpecs(
+        CdiSpecDir(directory),
+        control_devices=control,
+        extra_nodes=extra,
+        find_toolkit=partial(find_toolkit_devices, directory),
+    )
 
 
 def node_api(opts: RunOptions) -> NodeApi | None:
@@ -414,6 +432,10 @@ def lock_holder(opts: RunOptions) -> Holder:
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
     """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked.
     It serves once the device-plugin directory exists and no other agent holds it."""
+    own_dir = None
+    if not opts.kubelet_socket:  # not registering: nothing of the kubelet's is used
+        own_dir = tempfile.mkdtemp(prefix="gpuslice-plugins-")
+        opts = replace(opts, own_plugin_dir=own_dir)
     api = node_api(opts)
     try:
         address, metrics_address = opts.get("status-address"), opts.get("metrics-address")
@@ -422,7 +444,8 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
         pods = pod_resources(opts)
         if pods is not None:
             deps.accounting = accounting(opts, api, metrics or NO_METRICS, pods)
-        deps.agent.claim_dir = lambda stop, waiting: _claim(opts, stop, waiting)
+        if own_dir is None:  # the node's directory: one agent at a time
+            deps.agent.claim_dir = lambda stop, waiting: _claim(opts, stop, waiting)
         node = Node(deps)
         async with contextlib.AsyncExitStack() as stack:
             if pods is not None:
@@ -431,12 +454,14 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
                 _watch_node(metrics, node)
             for server in _http_servers(address, metrics_address, node, metrics):
                 await stack.enter_async_context(server)
-            if not await directory_present(opts.plugin_dir, stop):
+            if own_dir is None and not await directory_present(opts.plugin_dir, stop):
                 return  # stopped while waiting for the directory
             await node.run(stop, reload)
     finally:
         if api is not None:
             await api.aclose()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def _http_servers(

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 import threading
 from pathlib import Path
 
 import pytest
 
-from gpuslice.adapters.cdi_file import CdiSpecDir, present_nodes
+from gpuslice.adapters.cdi_file import MAX_BYTES as CDI_MAX_BYTES
+from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, present_nodes
 from gpuslice.core.errors import BackendError
 
 GPU = "k8s.device-plugin.nvidia.com-gpu.json"
@@ -152,3 +154,34 @@ def test_present_nodes_lists_what_matches_on_this_node(tmp_path: Path) -> None:
     assert present_nodes(patterns) == tuple(
         f"{tmp_path}/{n}" for n in ("nvidia-fs0", "nvidia-fs1", "gdrdrv")
     )
+
+
+def test_the_toolkits_spec_is_found_among_others(tmp_path: Path) -> None:
+    """The toolkit's nvidia.yaml (kind nvidia.com/gpu) beside another vendor's spec and
+    ours; a FIFO or a spec above the size cap is skipped, never read."""
+    (tmp_path / "amd.yaml").write_text("cdiVersion: 0.5.0\nkind: amd.com/gpu\ndevices: []\n")
+    (tmp_path / GPU).write_text(spec("GPU-a"))
+    os.mkfifo(tmp_path / "a-fifo.yaml")
+    with open(tmp_path / "big.json", "wb") as fh:
+        fh.truncate(CDI_MAX_BYTES + 1)
+    (tmp_path / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-a\n- name: '0'\n"
+    )
+    found = find_toolkit_devices(tmp_path)
+    assert (found.names, found.source, found.problem) == (
+        frozenset({"GPU-a", "0"}), str(tmp_path / "nvidia.yaml"), None,
+    )  # fmt: skip
+    assert found.name_for("GPU-a", "0") == "nvidia.com/gpu=GPU-a"
+    assert found.name_for("GPU-b", "0") == "nvidia.com/gpu=0"
+    assert found.name_for("GPU-c", "1") is None
+
+
+@pytest.mark.parametrize("content", [None, "kind: nvidia.com/gpu\ndevices: &a [*a]\n", "{{"])
+def test_no_toolkit_spec_is_one_line(tmp_path: Path, content: str | None) -> None:
+    if content is not None:
+        (tmp_path / "nvidia.yaml").write_text(content)
+    found = find_toolkit_devices(tmp_path)
+    assert found.names == frozenset()
+    assert found.problem is not None
+    assert "\n" not in found.problem
+    assert found.problem.startswith(f"no CDI spec of kind nvidia.com/gpu in {tmp_path}")

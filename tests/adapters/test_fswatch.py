@@ -143,3 +143,20 @@ async def test_closing_releases_the_inotify_fd(watched: str) -> None:
         async with DirWatcher(watched, None) as watcher:
             assert watcher.mode == INOTIFY
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("use_inotify", MODES)
+async def test_a_file_written_after_its_creation_is_reported_again(
+    watched: str, use_inotify: bool
+) -> None:
+    """A slow writer: the entry appears empty, its content comes later. Its create
+    alone was reported before, so a config written that way was never applied."""
+    path = os.path.join(watched, "config.yaml")
+    async with _watcher(watched, None, use_inotify) as watcher:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            assert await _next(watcher) == DirEvent("config.yaml", CREATED)
+            os.write(fd, b"version: v1\n")
+        finally:
+            os.close(fd)
+        assert await _next(watcher) == DirEvent("config.yaml", CREATED)

@@ -104,7 +104,10 @@ def test_both_checkpoint_layouts_are_read(
     assert read_checkpoint(str(path)) == (CheckpointEntry("u", "c", "r", expected),)
 
 
-def test_an_unreadable_checkpoint_gives_no_uids(tmp_path: Path) -> None:
+def test_a_missing_checkpoint_gives_no_uids_and_a_bad_one_one_line(tmp_path: Path) -> None:
+    """No checkpoint yet (no pod allocated) is no UIDs; one that is not a checkpoint
+    fails the sample with a one-line BackendError rather than joining nothing."""
     assert read_checkpoint(str(tmp_path / "missing")) == ()
     (tmp_path / "bad").write_text("{not json")
-    assert read_checkpoint(str(tmp_path / "bad")) == ()
+    with pytest.raises(BackendError, match=r"^kubelet checkpoint .*/bad: not a device checkpoint"):
+        read_checkpoint(str(tmp_path / "bad"))

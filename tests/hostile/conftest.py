@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 _INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 sys.path.insert(0, str(_INTEGRATION))
@@ -22,3 +25,16 @@ launcher = _fixtures.launcher
 faults = _fixtures.faults
 processes = _fixtures.processes
 logged = _fixtures.logged
+
+from .invariant import AgentUnderAttack  # noqa: E402 - needs the harness path above
+
+
+@pytest.fixture
+async def agents() -> AsyncIterator[list[AgentUnderAttack]]:
+    """`gpuslice run` processes a test attacks; each is killed at the end."""
+    started: list[AgentUnderAttack] = []
+    try:
+        yield started
+    finally:
+        for agent in started:
+            await agent.kill()

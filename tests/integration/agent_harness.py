@@ -186,6 +186,10 @@ class AgentLauncher:
     ) -> RunningAgent:
         """Run an agent wired as `gpuslice run` wires it (`change` may swap parts)."""
         opts = self.options(hardware, config=config, config_name=config_name, flags=flags, env=env)
+        assert opts.fake_events is not None
+        # The simulated backend holds its events file open from the start (to follow a
+        # rotation), so that descriptor is there before any census a test takes.
+        os.close(os.open(opts.fake_events, os.O_WRONLY | os.O_CREAT, 0o644))
         deps = agent_deps(opts)
         agent = Agent(change(deps) if change else deps)
         stop, reload = asyncio.Event(), asyncio.Event()

@@ -14,6 +14,7 @@ import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent, serving, write_file
 from node_harness import time_slicing
 
+from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.cdi import qualified_names
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.testing.kubelet import KubeletStandin
@@ -237,3 +238,68 @@ async def test_a_rename_or_an_unhealthy_gpu_leaves_the_spec_untouched(
     )
     assert stamp(launcher) == before
     assert f"{KIND}={bad}" in names
+
+
+def toolkit_spec(directory: str, devices: list[str]) -> None:
+    """The NVIDIA Container Toolkit's generated spec (nvidia.yaml), as 1.18 writes it."""
+    os.makedirs(directory, exist_ok=True)
+    entries = "".join(
+        f'- name: "{d}"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n'
+        for d in devices
+    )
+    Path(directory, "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        + entries
+        + "containerEdits:\n  mounts:\n  - hostPath: /usr/lib/libcuda.so.1\n"
+        + "    containerPath: /usr/lib/libcuda.so.1\n"
+    )
+
+
+@pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations"])
+async def test_the_toolkits_own_devices_are_named_beside_ours(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path, strategy: str
+) -> None:
+    """gpuslice's spec injects device nodes only; the driver's libraries come from the
+    toolkit's spec, so each answer names nvidia.com/gpu=<uuid> from it too."""
+    config = tmp_path / "config.yaml"
+    config.write_text(_with_strategy(time_slicing(4), strategy))
+    uuids = [g.uuid for g in load_spec("t4x4").gpus]
+    toolkit_spec(launcher.cdi_spec_dir, [*uuids, *map(str, range(len(uuids))), "all"])
+    running = await launcher.start("t4x4", config=config)
+    await running.registered(kubelet)
+    assert running.agent.cdi is not None
+    assert running.agent.cdi.toolkit_problem is None
+    for device in sorted(kubelet.devices(GPU)):
+        (answer,) = await kubelet.allocate(GPU, [[device]])
+        gpu = device.split("::")[0]
+        assert cdi_names(answer) == {f"{KIND}={gpu}", f"nvidia.com/gpu={gpu}"}
+
+
+async def test_mig_devices_are_named_by_the_toolkits_index_when_it_has_no_uuid(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    (tmp_path / "config.yaml").write_text(_mig("mixed"))
+    toolkit_spec(launcher.cdi_spec_dir, ["0", "0:0", "0:1", "0:2", "0:3", "all"])
+    running = await launcher.start("a100-40gb-mig-mixed", config=tmp_path / "config.yaml")
+    await running.registered(kubelet)
+    names = await every_answer(kubelet, running)
+    toolkit = {n for n in names if n.startswith("nvidia.com/gpu=")}
+    assert toolkit
+    assert toolkit <= {f"nvidia.com/gpu={i}" for i in ("0:0", "0:1", "0:2", "0:3")}
+
+
+async def test_a_missing_toolkit_spec_is_said_once_and_kept_for_readiness(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(_with_strategy(time_slicing(4), "cdi-cri"))
+    running = await launcher.start("t4x4", config=config)
+    await running.registered(kubelet)
+    assert running.agent.cdi is not None
+    problem = running.agent.cdi.toolkit_problem
+    assert problem is not None
+    assert "\n" not in problem
+    assert problem.startswith(f"no CDI spec of kind nvidia.com/gpu in {launcher.cdi_spec_dir}")
+    (device,) = sorted(kubelet.devices(GPU))[:1]
+    (answer,) = await kubelet.allocate(GPU, [[device]])
+    assert all(n.startswith(KIND) for n in cdi_names(answer))  # served all the same

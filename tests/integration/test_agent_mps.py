@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,6 @@ from mps_harness import (
     all_healthy,
     connect,
     daemon_pid,
-    kill_daemons,
     mps_config,
     mps_control,
     pipe_dir,
@@ -44,12 +43,8 @@ POLL_S = 0.05  # how often a retiring daemon's clients are counted here
 
 
 @pytest.fixture
-def root(plugin_dir: str) -> Iterator[Path]:
-    path = Path(plugin_dir) / "mps"
-    try:
-        yield path
-    finally:
-        kill_daemons(path)
+def root(mps_root: Path) -> Path:
+    return mps_root
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """CDI spec files in the CDI spec directory (default /var/run/cdi), where CDI-aware
 runtimes (containerd, CRI-O) look up the device names the kubelet passes them.
 
-Each file is replaced atomically and only when its content changed. A file this
+Each file is replaced atomically and only when its content changed; the directory is
+created 0755 whatever the umask (anyone who can add a spec there chooses what a
+container gets), and an existing file is read only when it is a regular file of at
+most MAX_BYTES, without following a link. A file this
 process was asked to hold (written by it, or found already in place with the same
 content, as after a restart) and no longer wants is deleted. Other files are left
 alone: another vendor's, or a spec from before a restart that is not wanted now.
@@ -16,8 +19,17 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from gpuslice.adapters.atomic_file import replace_atomically
+import yaml
+
+from gpuslice.adapters.outside_files import read_text, replace_atomically
+from gpuslice.config.yaml_text import load_yaml
+from gpuslice.core.cdi_toolkit import ToolkitDevices, missing, toolkit_names
 from gpuslice.core.errors import BackendError
+
+MAX_BYTES = 4 << 20  # far above any spec of a node's GPUs
+MAX_SPECS = 64  # spec files looked at for the toolkit's
+OWN_PREFIX = "k8s.device-plugin.nvidia.com-"  # gpuslice's spec files (core.cdi)
+TOOLKIT_FILES = ("nvidia.yaml", "nvidia.json")  # the toolkit's names, looked at first
 
 
 class CdiSpecDir:
@@ -49,8 +61,8 @@ class CdiSpecDir:
 
     def _current(self, name: str) -> str | None:
         try:
-            return (self.directory / name).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            return read_text(self.directory / name, limit=MAX_BYTES, follow=False)
+        except OSError:
             return None
 
     @contextlib.contextmanager
@@ -68,3 +80,31 @@ class CdiSpecDir:
 def present_nodes(patterns: Iterable[str]) -> tuple[str, ...]:
     """The device nodes matching `patterns` (globs) that exist here, sorted per pattern."""
     return tuple(path for pattern in patterns for path in sorted(glob.glob(pattern)))
+
+
+def find_toolkit_devices(directory: str | os.PathLike[str]) -> ToolkitDevices:
+    """The NVIDIA Container Toolkit's CDI devices in `directory`: the first spec of kind
+    nvidia.com/gpu among its .yaml/.json files (the toolkit's own names first, at most
+    MAX_SPECS files, each a regular file of at most MAX_BYTES, parsed bounded). Never
+    raises: a directory or spec that cannot be read is said in `problem`."""
+    where = os.fspath(directory)
+    try:
+        listed = os.listdir(where)
+    except OSError as exc:
+        return missing(where, f"cannot list it: {exc.strerror or exc}")
+    specs = sorted(
+        n for n in listed
+        if n.endswith((".yaml", ".yml", ".json")) and not n.startswith((".", OWN_PREFIX))
+    )  # fmt: skip
+    ordered = [n for n in TOOLKIT_FILES if n in specs] + [
+        n for n in specs if n not in TOOLKIT_FILES
+    ]
+    for name in ordered[:MAX_SPECS]:
+        path = os.path.join(where, name)
+        try:
+            names = toolkit_names(load_yaml(read_text(path, limit=MAX_BYTES)))
+        except (OSError, yaml.YAMLError, RecursionError):
+            continue
+        if names:
+            return ToolkitDevices(names, path, None)
+    return missing(where)

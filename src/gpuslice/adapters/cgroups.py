@@ -25,8 +25,11 @@ import signal
 from collections.abc import Collection
 from pathlib import Path
 
+from gpuslice.adapters.outside_files import read_text
 from gpuslice.core.usage import ProcessOwner
 from gpuslice.core.watchdog import NotProvenError
+
+PROC_FILE_MAX_BYTES = 64 << 10  # /proc/<pid>/{cgroup,stat}: far below this
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 _QOS = ("burstable", "besteffort")
@@ -94,10 +97,10 @@ class CgroupOwners:
     def _read(self, pid: int) -> tuple[ProcessOwner | None, int] | None:
         """(owner, start time) of one process; None: it ended or changed while read."""
         where = self._proc / str(pid)
-        try:
-            before = start_time((where / "stat").read_text(encoding="utf-8"))
-            owner = owner_of((where / "cgroup").read_text(encoding="utf-8"))
-            after = start_time((where / "stat").read_text(encoding="utf-8"))
+        try:  # a cgroup name may hold any byte but "/": decoded losslessly, never fatal
+            before = start_time(_read_text(where / "stat"))
+            owner = owner_of(_read_text(where / "cgroup"))
+            after = start_time(_read_text(where / "stat"))
         except (OSError, ValueError, IndexError):
             return None
         return (owner, before) if before == after else None
@@ -124,6 +127,10 @@ class CgroupOwners:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+
+def _read_text(path: Path) -> str:
+    return read_text(path, limit=PROC_FILE_MAX_BYTES, errors="surrogateescape")
 
 
 def _pidfd_open(pid: int) -> int | None:

@@ -8,8 +8,9 @@ Directories are watched rather than files, so these all show up:
 - our own socket removed: ("nvidia-gpu.sock", "deleted"),
 - a mounted ConfigMap updated by swapping its `..data` symlink: ("..data", "created").
 
-A replaced entry is reported as created. inotify reports a delete followed by a
-create separately; polling sees only the state at each tick. A directory that
+A replaced entry is reported as created, and so is a file written and closed after
+its creation (a slow writer: its content arrives after the create). inotify reports a
+delete followed by a create separately; polling sees only the state at each tick. A directory that
 does not exist yet is polled until it appears, then watched with inotify.
 
     async with DirWatcher(path, {"kubelet.sock"}) as watcher:
@@ -154,6 +155,7 @@ class DirWatcher:
 
         mask = (
             flags.CREATE
+            | flags.CLOSE_WRITE  # a file written after its creation (a slow writer)
             | flags.MOVED_TO
             | flags.DELETE
             | flags.MOVED_FROM
@@ -201,8 +203,11 @@ class DirWatcher:
                 self._start_polling()
                 return
             elif self._wanted(ev.name):
-                kind = CREATED if ev.mask & (flags.CREATE | flags.MOVED_TO) else DELETED
+                written = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO
+                kind = CREATED if ev.mask & written else DELETED
                 stamp = self._stat(ev.name)
+                if ev.mask == flags.CLOSE_WRITE and stamp == self._seen.get(ev.name):
+                    continue  # closed with nothing written since it was reported
                 if stamp is None:
                     self._seen.pop(ev.name, None)
                 else:

@@ -1,6 +1,6 @@
 """Node labels as an NFD local-source feature file (features.d), GFD's file output.
 
-The file holds `key=value` lines, sorted. It is replaced atomically (atomic_file; NFD
+The file holds `key=value` lines, sorted. It is replaced atomically (outside_files; NFD
 skips the hidden temporary file), so a reader sees the old file or the new one, never a
 part. An unchanged label set (ignoring the timestamp) is not rewritten.
 """
@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpuslice.adapters.atomic_file import replace_atomically
+from gpuslice.adapters.outside_files import read_text, replace_atomically
 from gpuslice.core.errors import BackendError
 from gpuslice.core.labels import labels_changed
 
 DEFAULT_PATH = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+MAX_BYTES = 1 << 20  # far above any label set; a larger file is not ours
 
 
 def render(labels: Mapping[str, str]) -> str:
@@ -82,6 +83,6 @@ class FeatureFile:
     def _current(self) -> dict[str, str] | None:
         assert self._path is not None
         try:
-            return parse(self._path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
+            return parse(read_text(self._path, limit=MAX_BYTES, follow=False))
+        except OSError:
             return None

@@ -38,7 +38,8 @@ STRING = "string"
 LIST = "list"  # comma-separated strings
 INT_LIST = "int-list"  # comma-separated integers
 NUMBER = "number"  # a decimal number >= 0
-COUNT = "count"  # an integer >= 0
+COUNT = "count"  # an integer from 0 to MAX_COUNT
+MAX_COUNT = (1 << 31) - 1  # far above any count or MiB a flag takes
 ADDRESS = "address"  # host:port, [ipv6]:port or :port (every IPv4 address); empty: off
 DURATION = "duration"  # a positive Go duration ("10s", "500ms"), kept as text
 
@@ -130,7 +131,7 @@ FLAGS: tuple[Flag, ...] = (
           uses="run mps-control"),
     _flag("mps-pinned-memory-limit", "GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None, 0,
           "pinned device memory limit of each MPS client in MiB (0: the GPU's memory "
-          "divided by its replicas, as upstream)", kind=COUNT),
+          "divided by its replicas, as upstream)", kind=COUNT, uses="run inspect"),
     _flag("driver-root", "NVIDIA_DRIVER_ROOT", "flags.nvidiaDriverRoot", "/",
           "root of the NVIDIA driver installation on the host", aliases=("--nvidia-driver-root",),
           uses="run", accepts="labels"),
@@ -209,7 +210,9 @@ FLAGS: tuple[Flag, ...] = (
           "effect: the generated specs have no hooks)", kind=LIST,
           uses="", accepts="run"),
     _flag("cdi-spec-dir", "CDI_SPEC_DIR", None, "/var/run/cdi",
-          "directory of the CDI specs written under a cdi-* device-list strategy"),
+          "directory of the CDI specs written under a cdi-* device-list strategy (and "
+          "of the NVIDIA Container Toolkit's, whose devices are named beside them)",
+          uses="run inspect"),
     _flag("node-name", "NODE_NAME", None, "",
           "this node's name (labels, per-node config, events)",
           uses="run labels"),
@@ -276,7 +279,7 @@ _EXPECTED_KIND = {
     BOOL: "true or false (1/0, yes/no)",
     INT_LIST: "comma-separated integers",
     NUMBER: "a number of 0 or more, such as 5 or 2.5",
-    COUNT: "an integer of 0 or more",
+    COUNT: f"an integer from 0 to {MAX_COUNT}",
     ADDRESS: "host:port, [ipv6]:port or :port with a port from 0 to 65535, or empty (off)",
     DURATION: 'a positive duration such as "10s" or "500ms"',
 }
@@ -375,7 +378,7 @@ def _parse(flag: Flag, origin: str, text: str) -> FlagValue:
         return word.lower() in TRUE_WORDS
     if flag.kind == NUMBER and _NUMBER.fullmatch(word):
         return float(word)
-    if flag.kind == COUNT and word.isascii() and word.isdigit():
+    if flag.kind == COUNT and word.isascii() and word.isdigit() and int(word) <= MAX_COUNT:
         return int(word)
     items = tuple(part.strip() for part in text.split(",") if part.strip())
     if flag.kind == LIST:

@@ -1,14 +1,17 @@
 """Read configs from text, files, ConfigMap manifests and mounted ConfigMap directories.
 
-The only module of the package that reads YAML. A document is either a plain v1 config or
-a ConfigMap manifest whose `data` maps config names to config text. Every failure is a
-ConfigError with a one-line message; nothing else escapes.
+With config.yaml_text, the only modules of the package that read YAML. A file is read
+only when it is a regular file of at most MAX_BYTES, opened non-blocking (a FIFO or a
+device in its place is refused with one line, never waited on). A document is either a
+plain v1 config or a ConfigMap manifest whose `data` maps config names to config text.
+Every failure is a ConfigError with a one-line message; nothing else escapes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -21,6 +24,7 @@ from gpuslice.config.checks import show
 from gpuslice.config.decode import config_error, decode_config
 from gpuslice.config.load_rules import apply_load_rules
 from gpuslice.config.v1 import Config
+from gpuslice.config.yaml_text import load_yaml
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import find_entry
 
@@ -105,15 +109,31 @@ def select_config_name(available: Iterable[str], wanted: str | None, *, source: 
 
 def _read(path: Path) -> str:
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise config_error(str(path), "", f"cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) and not _is_dev_null(st):
+            raise config_error(str(path), "", "not a regular file (a FIFO or device?); refused")
+        with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise config_error(str(path), "", f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise config_error(str(path), "", f"larger than {MAX_BYTES} bytes; not a config")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         where = f"byte {show(data[exc.start : exc.start + 1].hex())} at offset {exc.start}"
         raise config_error(str(path), "", f"not UTF-8 text ({where})") from None
+
+
+def _is_dev_null(st: os.stat_result) -> bool:
+    """/dev/null: the empty config (config-manager's "empty" fallback points at it)."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
 
 
 def _parse(text: str, source: str) -> object:
@@ -125,7 +145,7 @@ def _parse(text: str, source: str) -> object:
         except (ValueError, RecursionError):
             pass  # YAML flow style (`{version: v1}`) is not JSON; YAML reports the error
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+        return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -177,25 +197,6 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         raise ValueError("duplicate key")
     return out
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML says keys are unique)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                key = (key_node.tag, key_node.value)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while reading a mapping",
-                        node.start_mark,
-                        f"key {show(key_node.value)} is given twice",
-                        key_node.start_mark,
-                    )
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
 
 
 def load_each(

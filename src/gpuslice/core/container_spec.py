@@ -80,6 +80,8 @@ def container_allocation(
     cdi: list[str] = []
     if strategies & {CDI_ANNOTATIONS, CDI_CRI}:
         names = [f"{opts.cdi_kind}={v}" for v in visible]
+        toolkit = (opts.toolkit_cdi.name_for(d.physical_id, d.index) for d in devices)
+        names += dict.fromkeys(n for n in toolkit if n is not None)
         names += [f"{CDI_VENDOR}/imex-channel={c}" for c in opts.imex_channel_ids]
         names += [f"{CDI_VENDOR}/{x}=all" for x in _extras(opts)]
         if CDI_ANNOTATIONS in strategies:

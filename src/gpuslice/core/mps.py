@@ -14,10 +14,10 @@ import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuslice.core.devices import Gpu
+from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import MPS
+from gpuslice.core.resources import Resource, build_resources
+from gpuslice.core.sharing import MPS, ResourceSettings
 
 CONTAINER_ROOT = "/mps"  # upstream's container paths: /mps/<resource>/{pipe,log}
 
@@ -84,7 +84,8 @@ def plan_daemons(
     pinned_limit_mib: int = 0,
 ) -> tuple[DaemonPlan, ...]:
     """A daemon per MPS resource. `pinned_limit_mib` > 0 replaces memory / replicas.
-    Raises HardwareError when a GPU is asked for more clients than MPS allows."""
+    Raises HardwareError when a GPU is asked for more clients than MPS allows, or for a
+    pinned limit above its memory."""
     by_uuid = {g.uuid: g for g in gpus}
     plans = []
     for res in resources:
@@ -99,6 +100,11 @@ def plan_daemons(
                     f"({gpu.name}, compute capability {gpu.compute_capability[0]}."
                     f"{gpu.compute_capability[1]}); MPS allows at most {cap} clients per GPU"
                 )
+            if pinned_limit_mib > gpu.memory_mib:
+                raise HardwareError(
+                    f"--mps-pinned-memory-limit {pinned_limit_mib} (MiB) for {res.name} is "
+                    f"more than GPU {gpu.index} ({gpu.name}) has: {gpu.memory_mib} MiB"
+                )
         replicas = max(res.devices_per_gpu.values())  # one count per resource (config rule)
         plans.append(
             DaemonPlan(
@@ -112,6 +118,22 @@ def plan_daemons(
             )
         )
     return tuple(plans)
+
+
+def plan_serving(
+    snapshot: HardwareSnapshot,
+    settings: ResourceSettings,
+    mps_root: str,
+    *,
+    pinned_limit_mib: int = 0,
+) -> tuple[tuple[Resource, ...], tuple[DaemonPlan, ...]]:
+    """The resources and MPS daemons `settings` need on this hardware: what the agent
+    checks before serving, so that the what-if commands refuse what it refuses. Raises
+    HardwareError."""
+    resources = tuple(build_resources(snapshot, settings))
+    return resources, plan_daemons(
+        resources, snapshot.gpus, mps_root, pinned_limit_mib=pinned_limit_mib
+    )
 
 
 def _number(text: str) -> float | None:

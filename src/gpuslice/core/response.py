@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuslice.core.cdi_toolkit import ToolkitDevices
+
 ENVVAR = "envvar"
 VOLUME_MOUNTS = "volume-mounts"
 CDI_ANNOTATIONS = "cdi-annotations"
@@ -55,4 +57,7 @@ class AllocateOptions:
     mofed_enabled: bool = False
     mps_root: str = ""
     imex_channel_ids: tuple[int, ...] = ()
+    # The NVIDIA Container Toolkit's CDI devices, named beside ours under cdi-* (found
+    # on the node where the agent serves; never from the config).
+    toolkit_cdi: ToolkitDevices = field(default_factory=ToolkitDevices)
     allocation_policy: str = DISTRIBUTED

@@ -21,8 +21,9 @@ from gpuslice.config.settings import Settings, check_not_truncated
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.mps import plan_serving
 from gpuslice.core.ports import DirectoryClaim, GpuBackend, Metrics, PodResources
-from gpuslice.core.resources import Resource, build_resources, layout_warnings
+from gpuslice.core.resources import Resource, layout_warnings
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
 from gpuslice.core.waiting import unless_stopped
@@ -32,6 +33,7 @@ from gpuslice.services.desired import DesiredSettings
 from gpuslice.services.health_monitor import HealthMonitor
 from gpuslice.services.holds import DeviceHolds
 from gpuslice.services.mps import MpsDaemons
+from gpuslice.services.off_loop import read_config
 from gpuslice.services.plugin_manager import EndpointFactory, PluginManager
 
 log = structlog.get_logger("gpuslice.agent")
@@ -109,6 +111,10 @@ class Agent:
     @property
     def monitor(self) -> HealthMonitor | None:
         return self._monitor
+
+    @property
+    def cdi(self) -> CdiSpecs | None:
+        return self._deps.cdi
 
     @property
     def resources(self) -> tuple[Resource, ...]:
@@ -202,16 +208,13 @@ class Agent:
                 if self.manager.error is not None:
                     raise self.manager.error
         finally:
-            mps = self._deps.mps
-            if claim is not None and not (mps is not None and mps.daemons):
-                # Serve on until a successor has registered (MPS daemons, which a
-                # successor would start again, are never run side by side).
+            if self._deps.mps is not None:  # the daemons run on: a successor adopts them
+                await self._deps.mps.close()
+            if claim is not None:  # serve on until a successor has registered
                 self.manager.release_sockets()
                 await claim.hand_over()
                 claim = None
             await self.manager.stop()  # every stream ended, every socket removed
-            if mps is not None:
-                await mps.close()
             if claim is not None:  # a successor may serve now, while we close the rest
                 claim.release()
             backend = self._backend
@@ -227,7 +230,7 @@ class Agent:
             log.warning("reload_ignored_settings_come_from_elsewhere")
             return False
         try:
-            settings = load()
+            settings = await read_config(load)  # off the loop, bounded in time
             if self._settings is not None:
                 check_not_truncated(settings, self._settings)
             await self.apply_settings(settings)
@@ -287,20 +290,23 @@ class Agent:
     async def _apply(self, settings: Settings) -> None:
         assert self._backend is not None
         snapshot = await self._call(self._backend.snapshot)
-        resources = build_resources(snapshot, settings.resources)  # raises HardwareError
         mps, root = self._deps.mps, settings.allocate.mps_root
-        daemons = mps.plan(snapshot, resources, root) if mps else ()  # raises HardwareError
+        pinned = mps.pinned_limit_mib if mps else 0
+        resources, daemons = plan_serving(  # raises HardwareError
+            snapshot, settings.resources, root, pinned_limit_mib=pinned
+        )
         for warning in layout_warnings(snapshot.gpus, settings.resources):
             log.warning("hardware_layout_warning", detail=warning)
         if self.holds is not None:  # before the new lists go out
             await self.holds.check(snapshot, resources)
         self._settings, self._snapshot = settings, snapshot
         topology = Topology.from_snapshot(snapshot)
+        allocate = settings.allocate
         if self._deps.cdi is not None:  # before the kubelet can allocate a new device
-            await self._deps.cdi.apply(resources, settings.allocate)
+            allocate = await self._deps.cdi.apply(resources, allocate)
         if mps is not None:  # an MPS resource is served only while its daemon answers
             mps.apply(daemons, self.manager.hold_unhealthy, root)
-        await self.manager.apply(resources, settings.allocate, topology)
+        await self.manager.apply(resources, allocate, topology)
         if not resources:
             log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
 

@@ -41,6 +41,7 @@ from gpuslice.core.selection import (
     choose_config,
 )
 from gpuslice.services.config_source import Entries, EntrySource
+from gpuslice.services.off_loop import read_config
 
 log = structlog.get_logger("gpuslice.config")
 
@@ -215,7 +216,7 @@ class ConfigManager(Generic[S]):
         async with self._lock:
             self._wanted = None
             try:
-                await self._use(*await asyncio.to_thread(self._read), cause)
+                await self._use(*await read_config(self._read), cause)
                 return True
             except GpusliceError as exc:
                 self._metrics.config_rejected(

@@ -34,10 +34,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps, plan_daemons
+from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps
 from gpuslice.core.ports import MpsCommands, MpsError, MpsHostAbsent, MpsLauncher
-from gpuslice.core.resources import Resource
 from gpuslice.core.restart import FailureRun, RestartBudget
 from gpuslice.services.supervision import Start, State, Supervisor, TimerDue, Timing
 
@@ -258,14 +256,6 @@ class MpsDaemons:
         self._hold: Hold | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()  # set, and replaced, on each change of a daemon
-
-    def plan(
-        self, snapshot: HardwareSnapshot, resources: Iterable[Resource], mps_root: str
-    ) -> tuple[DaemonPlan, ...]:
-        """The daemons `resources` need; raises HardwareError (nothing started)."""
-        return plan_daemons(
-            resources, snapshot.gpus, mps_root, pinned_limit_mib=self.pinned_limit_mib
-        )
 
     def apply(self, plans: Iterable[DaemonPlan], hold: Hold, mps_root: str = "") -> None:
         """Want exactly the daemons of `plans`; returns at once (the supervisors do the

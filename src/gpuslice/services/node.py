@@ -84,6 +84,9 @@ class Node:
             details["config"] = self.manager.status.as_dict()
         elif self.agent.rejected is not None:  # one config file, re-read on SIGHUP
             details["config"] = {"ok": False, "detail": self.agent.rejected}
+        cdi = self.agent.cdi
+        if cdi is not None and cdi.toolkit_problem is not None:  # reported, still ready
+            details["cdi"] = {"ok": False, "detail": cdi.toolkit_problem}
         if self.labeller is not None:  # reported, never a reason to be unready
             details["labels"] = self.labeller.status()
         return ready, details

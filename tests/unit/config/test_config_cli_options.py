@@ -59,7 +59,8 @@ def test_inspect_reads_unprefixed_env_vars_first(monkeypatch: pytest.MonkeyPatch
          'gpuslice: error: --kube-api-qps: got "fast"; expected a number of 0 or more, '
          "such as 5 or 2.5"),
         (["run"], {"KUBE_API_BURST": "many"},
-         'gpuslice: error: env KUBE_API_BURST: got "many"; expected an integer of 0 or more'),
+         'gpuslice: error: env KUBE_API_BURST: got "many"; expected an integer from 0 to '
+         "2147483647"),
         (["run", "--fallback-strategies", "nmaed"], {},
          'gpuslice: error: --fallback-strategies: got "nmaed"; expected one of named, single, '
          "empty (did you mean named?)"),

@@ -332,8 +332,9 @@ def test_new_flags_help_and_defaults_text() -> None:
         ({}, {"KUBE_API_QPS": "nan"},
          'env KUBE_API_QPS: got "nan"; expected a number of 0 or more, such as 5 or 2.5'),
         ({}, {"KUBE_API_BURST": "1.5"},
-         'env KUBE_API_BURST: got "1.5"; expected an integer of 0 or more'),
-        ({"kube-api-burst": ""}, {}, '--kube-api-burst: got ""; expected an integer of 0 or more'),
+         'env KUBE_API_BURST: got "1.5"; expected an integer from 0 to 2147483647'),
+        ({"kube-api-burst": ""}, {},
+         '--kube-api-burst: got ""; expected an integer from 0 to 2147483647'),
         ({}, {"FALLBACK_STRATEGIES": "named,singel"},
          'env FALLBACK_STRATEGIES: got "singel"; expected one of named, single, empty '
          "(did you mean single?)"),
@@ -478,7 +479,8 @@ def test_the_agent_takes_every_flag_and_the_labeller_exactly_gfds() -> None:
 def test_inspect_takes_only_what_changes_its_report() -> None:
     taken = {flag.name for flag in FLAGS if flag.taken_by("inspect")}
     assert taken == {
-        "mig-strategy", "mps-root", "machine-type-file", "config-file", "driver-root-ctr-path"
+        "mig-strategy", "mps-root", "machine-type-file", "config-file", "driver-root-ctr-path",
+        "mps-pinned-memory-limit", "cdi-spec-dir",
     }  # fmt: skip
 
 

@@ -97,6 +97,8 @@ class FakeBackend:
     def close(self) -> None:
         self._closed.set()
         with self._lock:
+            if self._events is not None:
+                self._events.close()
             self._events = None
 
     def _ingest(self) -> None:

@@ -17,6 +17,7 @@ import yaml
 from gpuslice.adapters.fake.fields import Fields, describe
 from gpuslice.adapters.fake.layout import apply_nvlinks, check_unique
 from gpuslice.adapters.fake.models import MODELS, GpuModel
+from gpuslice.config.yaml_text import load_yaml
 from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import ConfigError
 
@@ -71,8 +72,8 @@ def parse_node(text: str, source: str) -> HardwareSnapshot:
 def parse_node_file(text: str, source: str) -> NodeFile:
     """parse_node, with the node's IMEX channels."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = load_yaml(text)  # bounded as config text is
+    except (yaml.YAMLError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "unreadable"

@@ -8,9 +8,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from gpuslice.adapters.fake.nodefile import NodeFile, parse_node_file
+from gpuslice.adapters.outside_files import read_text, reason
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import ConfigError
 
+NODE_FILE_MAX_BYTES = 1 << 20  # a node of many GPUs is a few KiB
 _SUFFIX = ".yaml"
 
 
@@ -60,11 +62,11 @@ def load_node(spec: str) -> NodeFile:
         return parse_node_file(profile_text(spec), f"profile {spec}")
     path = Path(spec)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        text = read_text(path, limit=NODE_FILE_MAX_BYTES)
+    except OSError as exc:
+        why = reason(exc)
         raise ConfigError(
             f"fake hardware {spec!r}: not a built-in profile ({', '.join(profile_names())})"
-            f" and not a readable node file ({reason})"
+            f" and not a readable node file ({why})"
         ) from None
     return parse_node_file(text, f"node file {spec}")

@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass, replace
 import structlog
 
 from gpuslice.adapters.fswatch import wait_for_directory
+from gpuslice.adapters.outside_files import read_bytes, write_in_dir
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.waiting import unless_stopped
 
 _log = structlog.get_logger()
 
 HOLDER_FILE = "gpuslice.lock"
+HOLDER_MAX_BYTES = 4096  # a pid and three names
 POLL_S = 0.01  # while waiting: an open, a non-blocking flock and a close each time
 Waiting = Callable[[str], None]  # told who holds the lock, once, when it must wait
 
@@ -102,26 +104,35 @@ class DirLock:
         if fd is None:
             return
         with contextlib.suppress(OSError):  # only ours: a later holder rewrites it
-            if self._read_holder() == self.me:
-                os.unlink(self._info)
+            if self._read_holder(fd) == self.me:
+                os.unlink(HOLDER_FILE, dir_fd=fd)
         os.close(fd)
 
     def _write_holder(self) -> None:
-        tmp = f"{self._info}.{self.me.pid}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(asdict(self.me), fh)
-            os.replace(tmp, self._info)
-        except OSError:  # the lock holds all the same; waiters cannot say by whom
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        """Written relative to the locked directory's fd, through a temporary file with
+        an unpredictable name created O_EXCL|O_NOFOLLOW: a link planted there is never
+        followed."""
+        assert self._fd is not None
+        with contextlib.suppress(OSError):  # the lock holds; waiters cannot say by whom
+            write_in_dir(self._fd, HOLDER_FILE, json.dumps(asdict(self.me)), durable=False)
 
-    def _read_holder(self) -> Holder | None:
+    def _read_holder(self, dir_fd: int | None = None) -> Holder | None:
+        """The holder file's content: a regular file of at most HOLDER_MAX_BYTES, not
+        through a link; None for anything else."""
         try:
-            with open(self._info, encoding="utf-8") as fh:
-                return Holder(**json.load(fh))
-        except (OSError, ValueError, TypeError):
+            if dir_fd is None:
+                data = read_bytes(self._info, limit=HOLDER_MAX_BYTES, follow=False)
+            else:
+                data = read_bytes(HOLDER_FILE, limit=HOLDER_MAX_BYTES, follow=False, dir_fd=dir_fd)
+            fields = json.loads(data)
+            holder = Holder(**fields)
+        except (OSError, ValueError, TypeError, RecursionError):
             return None
+        if not isinstance(holder.pid, int) or not all(
+            isinstance(v, str) for v in (holder.pod, holder.node, holder.host)
+        ):
+            return None
+        return holder
 
 
 async def acquire(

@@ -17,11 +17,14 @@ import grpc
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2 as pr
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuslice.adapters.kubelet.api import DEVICE_PLUGIN_DIR, unix_target
+from gpuslice.adapters.outside_files import read_bytes, reason
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices
 
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 CHECKPOINT = os.path.join(DEVICE_PLUGIN_DIR, "kubelet_internal_checkpoint")
+# About 300 bytes per allocated container: far above what a node's pods need.
+CHECKPOINT_MAX_BYTES = 16 << 20
 
 
 class PodResourcesClient:
@@ -51,6 +54,7 @@ class PodResourcesClient:
             reply = await self._lister().List(pr.ListPodResourcesRequest(), timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise self._error("List", exc) from None
+        _check_decoded(reply, pr.ListPodResourcesResponse, "List", self.socket_path)
         return tuple(
             ContainerDevices(
                 pod.namespace, pod.name, ctr.name, dev.resource_name, tuple(dev.device_ids)
@@ -67,6 +71,9 @@ class PodResourcesClient:
             )
         except grpc.aio.AioRpcError as exc:
             raise self._error("GetAllocatableResources", exc) from None
+        _check_decoded(
+            reply, pr.AllocatableResourcesResponse, "GetAllocatableResources", self.socket_path
+        )
         out: dict[str, list[str]] = {}
         for dev in reply.devices:
             out.setdefault(dev.resource_name, []).extend(dev.device_ids)
@@ -87,27 +94,50 @@ class PodResourcesClient:
         )
 
 
+def _check_decoded(reply: object, kind: type, call: str, socket_path: str) -> None:
+    """grpc.aio answers None for a reply that does not decode: a one-line BackendError
+    then, as for a failed call (the sampler and the holds both catch it)."""
+    if not isinstance(reply, kind):
+        raise BackendError(
+            f"PodResources {call} on {socket_path} failed: the answer is not a "
+            f"{kind.__name__} message",
+            transient=True,
+        )
+
+
 def read_checkpoint(path: str) -> tuple[CheckpointEntry, ...]:
-    """The kubelet's device checkpoint entries; () when it cannot be read. DeviceIDs is
-    a map NUMA node -> IDs since Kubernetes 1.20, a plain list before."""
+    """The kubelet's device checkpoint entries; () while there is none. DeviceIDs is a
+    map NUMA node -> IDs since Kubernetes 1.20, a plain list before; an entry of other
+    shapes is skipped. Raises BackendError (transient, one line) when the file cannot be
+    read as a checkpoint: not a regular file, larger than CHECKPOINT_MAX_BYTES, not JSON,
+    nested too deeply, or of the wrong shape."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            entries = json.load(fh)["Data"]["PodDeviceEntries"] or []
-    except (OSError, ValueError, KeyError, TypeError):
+        data = read_bytes(path, limit=CHECKPOINT_MAX_BYTES)
+    except FileNotFoundError:
         return ()
-    out = []
-    for e in entries:
-        try:
-            ids = e["DeviceIDs"]
-            flat = ids if isinstance(ids, list) else [i for part in ids.values() for i in part]
-            out.append(
-                CheckpointEntry(
-                    str(e["PodUID"]),
-                    str(e["ContainerName"]),
-                    str(e["ResourceName"]),
-                    tuple(str(i) for i in flat),
-                )
-            )
-        except (KeyError, TypeError, AttributeError):
-            continue
-    return tuple(out)
+    except OSError as exc:
+        raise BackendError(f"kubelet checkpoint {path}: {reason(exc)}", transient=True) from None
+    try:
+        entries = json.loads(data)["Data"]["PodDeviceEntries"] or []
+        if not isinstance(entries, list):
+            raise TypeError("PodDeviceEntries is not a list")
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+        why = f"not a device checkpoint ({type(exc).__name__})"
+        raise BackendError(f"kubelet checkpoint {path}: {why}", transient=True) from None
+    return tuple(e for e in map(_entry, entries) if e is not None)
+
+
+def _entry(e: object) -> CheckpointEntry | None:
+    if not isinstance(e, dict):
+        return None
+    ids = e.get("DeviceIDs")
+    if isinstance(ids, dict):
+        parts = list(ids.values())
+        ids = [i for part in parts for i in part] if all(isinstance(p, list) for p in parts) else 0
+    fields = (e.get("PodUID"), e.get("ContainerName"), e.get("ResourceName"))
+    if not isinstance(ids, list) or not all(isinstance(f, str) for f in fields):
+        return None
+    if not all(isinstance(i, str) for i in ids):
+        return None
+    uid, container, resource = fields
+    return CheckpointEntry(str(uid), str(container), str(resource), tuple(ids))

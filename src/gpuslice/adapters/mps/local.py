@@ -14,12 +14,11 @@ import asyncio
 import contextlib
 import json
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuslice.adapters.atomic_file import replace_atomically
 from gpuslice.adapters.mps.commands import run
+from gpuslice.adapters.outside_files import own_dir, read_text, replace_atomically
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
 from gpuslice.core.ports import MpsError
 
@@ -35,7 +34,10 @@ class LocalLauncher:
 
     async def start(self, plan: DaemonPlan) -> RunningDaemon:
         """Start the daemon of `plan` and record it. Raises MpsError."""
-        await asyncio.to_thread(prepare_dirs, plan)
+        try:
+            await asyncio.to_thread(prepare_dirs, plan)
+        except OSError as exc:
+            raise MpsError(f"MPS directory of {plan.resource}: {exc}") from None
         code, out = await run(self._binary, ["-d"], plan.env, "")
         name = os.path.basename(self._binary[-1])
         if code != 0:
@@ -65,11 +67,10 @@ class LocalLauncher:
 
 def prepare_dirs(plan: DaemonPlan) -> None:
     """Pipe and log directories (0755, traversable by any UID) and the shared-memory
-    directory (1777, as /dev/shm) of this resource."""
-    for path in (plan.pipe_dir, plan.log_dir, plan.shm_dir):
-        os.makedirs(path, mode=0o755, exist_ok=True)
-    os.chmod(plan.pipe_dir, 0o755)  # noqa: S103 - clients of any UID
-    os.chmod(plan.shm_dir, 0o1777)  # noqa: S103 - as /dev/shm
+    directory (1777, as /dev/shm) of this resource. Each must be a directory of this
+    process's user, not a symlink: a mode is never set through a link. Raises OSError."""
+    for path, mode in ((plan.pipe_dir, 0o755), (plan.log_dir, 0o755), (plan.shm_dir, 0o1777)):
+        own_dir(path, mode)
 
 
 def _running(root: str) -> RunningDaemon | None:
@@ -77,7 +78,7 @@ def _running(root: str) -> RunningDaemon | None:
     if pid is None:
         return None
     try:
-        record = json.loads(_read_small(os.path.join(root, RECORD)))
+        record = json.loads(read_text(os.path.join(root, RECORD), limit=_SMALL, follow=False))
         gpus = tuple(str(g) for g in record["gpus"]) if record["pid"] == pid else None
     except (OSError, ValueError, KeyError, TypeError):
         gpus = None
@@ -108,23 +109,12 @@ def _pid(root: str) -> int | None:
     the file was written is another one that got a crashed daemon's pid."""
     path = os.path.join(root, "pipe", PID_FILE)
     try:
-        pid = int(_read_small(path).strip())
+        pid = int(read_text(path, limit=_SMALL, follow=False).strip())
         if check_running(pid) > os.stat(path, follow_symlinks=False).st_mtime + _CLOCK_SLACK_S:
             return None
     except (OSError, ValueError):
         return None
     return pid
-
-
-def _read_small(path: str) -> str:
-    """A small regular file's text, without following a link. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return os.read(fd, _SMALL).decode("ascii", errors="replace")
-    finally:
-        os.close(fd)
 
 
 async def gone(pid: int) -> None:

@@ -1,0 +1,25 @@
+"""Reading configs off the event loop, bounded in time.
+
+A config is read and parsed on a worker thread, so serving the kubelet never waits on
+it; a read still running after READ_TIMEOUT_S is given up (the thread ends on its own:
+every read is bounded in size) and refused like a bad config, so the last good one stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+from gpuslice.core.errors import ConfigError
+
+T = TypeVar("T")
+READ_TIMEOUT_S = 10.0
+
+
+async def read_config(read: Callable[[], T], timeout_s: float = READ_TIMEOUT_S) -> T:
+    """read() on a worker thread. Raises what it raises, or ConfigError after `timeout_s`."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(read), timeout_s)
+    except TimeoutError:
+        raise ConfigError(f"reading the config took longer than {timeout_s:g}s; refused") from None
