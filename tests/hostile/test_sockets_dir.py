@@ -28,6 +28,12 @@ from gpuslice.testing.kubelet import KubeletStandin
 from .invariant import answers_allocate
 
 
+def listed(directory: str) -> list[str]:
+    """The directory's entries, less the hidden temporary files of an atomic rewrite
+    (the first agent rewrites its lock holder file while it serves)."""
+    return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+
+
 async def test_the_refused_second_agent_leaves_the_first_registered(
     kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
 ) -> None:
@@ -35,14 +41,14 @@ async def test_the_refused_second_agent_leaves_the_first_registered(
     first = await AgentProcess.start(args)
     processes.append(first)
     await kubelet.wait_for(lambda k: serving(k, {GPU: 1}), 20)
-    before = sorted(os.listdir(plugin_dir))
+    before = listed(plugin_dir)
     second = await AgentProcess.start(args)
     processes.append(second)
     await second.wait_for_line("plugin_dir_locked_waiting", 20)
     second.signal(signal.SIGTERM)
     rc, _ = await second.wait()
     assert rc == 0, second.log
-    assert sorted(os.listdir(plugin_dir)) == before
+    assert listed(plugin_dir) == before
     assert is_socket(os.path.join(plugin_dir, "nvidia-gpu.sock"))
     await kubelet.restart()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 1}), 20)
