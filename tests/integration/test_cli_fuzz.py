@@ -48,11 +48,11 @@ FREE_FORM = {
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no
-# per-resource memory budgets (the replica's share).
+# per-resource memory budgets (the replica's share), /metrics on the status address.
 EMPTY_OK = {
     "--config-file", "--kubeconfig", "--status-address", "--fake-hardware",
     "--imex-channel-ids", "--config-file-srcdir", "--fallback-strategies", "--config-map",
-    "--memory-budget",
+    "--memory-budget", "--metrics-address",
 }  # fmt: skip
 # A directory is a mounted ConfigMap: what is in it decides (an empty one is refused in
 # one line that says so).
