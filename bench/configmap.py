@@ -1,6 +1,6 @@
 """The ConfigMap edited -> the new device list at the kubelet stand-in.
 
-Two nodes as `gpuslice run` wires them (wiring.node_deps), dgx-a100, each with its own
+Two nodes as `gpuslice run` wires them (wiring.build_node), dgx-a100, each with its own
 kubelet stand-in, in one process. Subject: `--config-map`, the ConfigMap read and watched
 through the API server stand-in over real HTTP (KubeNodeApi). Baseline: the mounted
 directory (`--config-file-srcdir`), the same edit written as the kubelet writes it (new
@@ -26,14 +26,14 @@ from bench.plan import Plan
 from bench.reconfig import listing_of
 from bench.rigs import scratch, until_ready
 from gpuslice.adapters.kube import KubeNodeApi
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.config.options import resolve_options
 from gpuslice.core.ports import NodeApi
-from gpuslice.demo import write_configmap_volume
 from gpuslice.services.config_source import DEFAULT_ANNOTATION
-from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 FIGURES = ("configmap_edit_p50", "configmap_edit_p99")
 NODE = "bench-node"
@@ -64,7 +64,7 @@ async def node_on(
         "labels": "false",
         **values,
     }
-    node = Node(node_deps(RunOptions(cli_values=cli, fake_hardware=HARDWARE), api))
+    node = build_node(resolve_options(cli, fake_hardware=HARDWARE), api)
     stop = asyncio.Event()
     async with KubeletStandin(plugin_dir) as kubelet:
         task = asyncio.create_task(node.run(stop))

@@ -56,7 +56,7 @@ async def xid_samples(rigs: int, rng: random.Random) -> list[float]:
         with scratch() as work:
             config = time_slicing(os.path.join(work, "ts48.yaml"), 48)
             async with agent_rig(work, "dgx-a100", config) as rig:
-                for gpu in rig.agent.snapshot.gpus:
+                for gpu in rig.node.devices.snapshot.gpus:
                     await asyncio.sleep(rng.uniform(0, JITTER_S))
                     t0 = now()
                     append_event(rig.events_path, {"gpu": gpu.index, "xid": 79})

@@ -14,7 +14,7 @@ from bench.harness import MS, Figure, Target, now
 from bench.noop import NoopServer, channel, stub
 from bench.plan import Plan
 from bench.rigs import GPU, agent_rig, mig_node, scratch, time_slicing
-from gpuslice.adapters.kubelet.api import pb, pb_grpc
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
 
 FIGURES = ("list_first_message",)
 GPUS, MIGS, REPLICAS = 8, 7, 64

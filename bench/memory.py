@@ -21,7 +21,7 @@ from bench.harness import MIB, Figure, Target
 from bench.plan import Plan
 from bench.rigs import GPU, scratch, serving
 from bench.startup import STUBS
-from gpuslice.adapters.kubelet.api import pb, pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc, unix_target
 
 FIGURES = ("rss_idle", "rss_after_allocates", "rss_growth")
 IDLE_S = 1.0  # after the first full list, before the idle reading

@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
+from gpuslice.adapters.deviceplugin.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.registration import register
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kubelet.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
-from gpuslice.adapters.kubelet.registration import register
 
 _Ctx = grpc.aio.ServicerContext[Any, Any]
 _OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)

@@ -1,6 +1,6 @@
 """Live reconfiguration: the node label flips, the stand-in gets the new list.
 
-The node as `gpuslice run` wires it (wiring.node_deps: the agent plus the per-node
+The node as `gpuslice run` wires it (wiring.build_node: the agent plus the per-node
 config manager) with the in-memory Node API, a config directory holding `four` and
 `eight` (time-slicing replicas), dgx-a100 and the kubelet stand-in. Each flip sets
 nvidia.com/device-plugin.config to the other entry and waits until the stand-in holds
@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from bench.harness import MS, Figure, Target, now, percentile
 from bench.plan import Plan
 from bench.rigs import GPU, Rig, scratch, time_slicing, until_ready
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.config.options import RunOptions, resolve_options
 from gpuslice.config.settings import Settings
 from gpuslice.core.selection import DEFAULT_LABEL
-from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 FIGURES = ("config_change_p99",)
 NODE = "bench-node"
@@ -38,18 +38,18 @@ def options(plugin_dir: str, config_dir: str) -> RunOptions:
         "node-name": NODE,
         "labels": "false",
     }
-    return RunOptions(cli_values=values, fake_hardware="dgx-a100")
+    return resolve_options(values, fake_hardware="dgx-a100")
 
 
 @contextlib.asynccontextmanager
 async def node_rig(plugin_dir: str, config_dir: str, api: MemoryNodeApi) -> AsyncIterator[Rig]:
-    node = Node(node_deps(options(plugin_dir, config_dir), api))
+    node = build_node(options(plugin_dir, config_dir), api)
     stop = asyncio.Event()
     async with KubeletStandin(plugin_dir) as kubelet:
         task = asyncio.create_task(node.run(stop))
         try:
             await until_ready(node.agent, task)
-            rig = Rig(node.agent, kubelet, plugin_dir, "")
+            rig = Rig(node, kubelet, plugin_dir, "")
             await rig.settled()
             yield rig
         finally:
@@ -64,9 +64,7 @@ async def bare_manager(
     async def apply(settings: Settings) -> None:
         applied()
 
-    factory = node_deps(options(plugin_dir, config_dir), api).manager
-    assert factory is not None
-    manager = factory(apply)
+    manager = build_node(options(plugin_dir, config_dir), api).deps.config(apply)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:
@@ -105,7 +103,7 @@ async def run(plan: Plan) -> list[Figure]:
         ):
             while not calls.empty():  # the first config, applied at start
                 calls.get_nowait()
-            gpus = len(rig.agent.snapshot.gpus)
+            gpus = len(rig.node.devices.snapshot.gpus)
             current = "four"
             for _ in range(plan.trials):
                 ours: list[float] = []

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import logs
-from gpuslice.services.agent import Agent, AgentDeps
+from gpuslice.config.options import resolve_options
+from gpuslice.frontends.deviceplugin import ResourceHandler
+from gpuslice.services.agent import Agent
+from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, agent_deps
+from gpuslice.wiring import Parts, build_node, device_plugin_of, parts
 
 GPU = "nvidia.com/gpu"
 REPO = Path(__file__).resolve().parents[1]
@@ -72,20 +75,26 @@ serving = KubeletStandin.serves  # (kubelet, {resource: device count}) -> bool
 
 @dataclass
 class Rig:
-    agent: Agent
+    node: Node
     kubelet: KubeletStandin
     plugin_dir: str
     events_path: str
 
     @property
+    def agent(self) -> Agent:
+        return self.node.agent
+
+    @property
+    def handlers(self) -> dict[str, ResourceHandler]:
+        return device_plugin_of(self.node).manager.handlers
+
+    @property
     def expected(self) -> dict[str, int]:
         """resource -> device count, as the agent serves them now."""
-        return {name: len(h.devices()) for name, h in self.agent.manager.handlers.items()}
+        return {name: len(h.devices()) for name, h in self.handlers.items()}
 
     def socket(self, resource: str) -> str:
-        return os.path.join(
-            self.plugin_dir, self.agent.manager.handlers[resource].resource.socket_name
-        )
+        return os.path.join(self.plugin_dir, self.handlers[resource].resource.socket_name)
 
     async def settled(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until the stand-in streams everything the agent serves, all healthy."""
@@ -99,24 +108,24 @@ async def agent_rig(
     hardware: str,
     config: str | None = None,
     config_name: str | None = None,
-    adapt: Callable[[AgentDeps], AgentDeps] | None = None,
+    adapt: Callable[[Parts], Parts] | None = None,
 ) -> AsyncIterator[Rig]:
     """A stand-in on `plugin_dir` and the agent serving it, settled; stopped on exit."""
     events = os.path.join(plugin_dir, "events.jsonl")
     values = {"kubelet-socket": os.path.join(plugin_dir, "kubelet.sock")}
     if config:
         values["config-file"] = config
-    opts = RunOptions(
-        cli_values=values, config_name=config_name, fake_hardware=hardware, fake_events=events
+    opts = resolve_options(
+        values, config_name=config_name, fake_hardware=hardware, fake_events=events
     )
-    deps = agent_deps(opts)
-    agent = Agent(adapt(deps) if adapt else deps)
+    chosen = parts(opts)
+    node = build_node(opts, None, with_parts=adapt(chosen) if adapt else chosen)
     stop = asyncio.Event()
     async with KubeletStandin(plugin_dir) as kubelet:
-        task = asyncio.create_task(agent.run(stop))
+        task = asyncio.create_task(node.run(stop))
         try:
-            await until_ready(agent, task)
-            rig = Rig(agent, kubelet, plugin_dir, events)
+            await until_ready(node.agent, task)
+            rig = Rig(node, kubelet, plugin_dir, events)
             await rig.settled()
             yield rig
         finally:

@@ -17,10 +17,10 @@ from bench.harness import MS, Figure, Target, now, percentile
 from bench.noop import NoopServer, channel, stub
 from bench.plan import Plan
 from bench.rigs import GPU, agent_rig, scratch, time_slicing
-from gpuslice.adapters.kubelet.api import pb
+from gpuslice.adapters.deviceplugin.api import pb
 
 if TYPE_CHECKING:  # the async stub class exists only in the type stubs
-    from gpuslice.adapters.kubelet.api import pb_grpc
+    from gpuslice.adapters.deviceplugin.api import pb_grpc
 
     Method = Callable[[pb_grpc.DevicePluginAsyncStub, Any], Awaitable[Any]]
 

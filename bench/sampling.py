@@ -30,11 +30,11 @@ from bench.agent_process import vmrss_mib
 from bench.harness import MIB, MS, Figure, Target
 from bench.plan import Plan
 from bench.rigs import GPU, scratch
+from gpuslice.adapters.deviceplugin.api import unix_target
 from gpuslice.adapters.fake import FakeBackend, load_spec
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2 as pr
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpuslice.adapters.kubelet.api import unix_target
-from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+from gpuslice.adapters.podresources import PodResourcesClient
 from gpuslice.core.devices import HardwareSnapshot, replica_id
 from gpuslice.core.ports import GpuBackend
 from gpuslice.services.sampler import Sampler

@@ -16,7 +16,7 @@ from bench.plan import Plan
 from bench.rigs import scratch
 
 FIGURES = ("process_start",)
-STUBS = "import grpc.aio\nfrom gpuslice.adapters.kubelet.api import pb, pb_grpc"
+STUBS = "import grpc.aio\nfrom gpuslice.adapters.deviceplugin.api import pb, pb_grpc"
 STAGES = {
     "interpreter": "pass",
     "import grpc": "import grpc",

@@ -9,15 +9,14 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from gpuslice import __version__
-from gpuslice.config.flags import FLAGS, GfdEnv, check_settings, command_env, resolve
-from gpuslice.config.v1 import Config
+from gpuslice.config.flags import FLAGS, GfdEnv
 from gpuslice.core.errors import GpusliceError
 from gpuslice.entry import take_held_reload
 
@@ -155,34 +154,35 @@ def start_logs(log_level: str, log_format: str) -> None:
         logs.setup(log_level, log_format)
 
 
-def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any:
-    """RunOptions from the parsed command line: only explicitly given flags count, and
-    only the env vars of flags `command` takes. The labeller alone reads GFD_ env vars
-    before their unprefixed names, as GFD does. A bad setting ends the command with its
-    one-line error."""
-    given, env = checked_settings(ctx, params, command)
-    from gpuslice.wiring import RunOptions
+def command_options(command: str, args: Sequence[str], environ: Mapping[str, str]) -> Any:
+    """The options `gpuslice <command> <args>` would run with in `environ`, resolved once
+    (config.options.RunOptions); nothing starts. Raises click.UsageError for a bad command
+    line, ConfigError for a bad setting."""
+    ctx = main.commands[command].make_context(command, list(args))
+    return _resolved(ctx, ctx.params, command, environ)
 
-    opts = RunOptions(
-        cli_values=given,
-        env=env,
-        config_name=params.get("config_name"),
-        fake_hardware=params.get("fake_hardware"),
-        fake_events=params.get("fake_events"),
-    )
-    node = opts.get("node-name")
-    if node and command != "inspect":
+
+def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any:
+    """RunOptions from the parsed command line; a bad setting ends the command with its
+    one-line error."""
+    try:
+        opts = _resolved(ctx, params, command, os.environ)
+    except GpusliceError as exc:
+        fail(exc)
+    if opts.node_name and command != "inspect":
         from gpuslice import logs
 
-        logs.bind(node=node)
+        logs.bind(node=opts.node_name)
     return opts
 
 
-def checked_settings(
-    ctx: click.Context, params: dict[str, Any], command: str
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(flags given on the command line, env vars of the flags `command` takes), each
-    value checked; a bad one ends the command with its one-line error."""
+def _resolved(
+    ctx: click.Context, params: Mapping[str, Any], command: str, environ: Mapping[str, str]
+) -> Any:
+    """Only explicitly given flags count, and only the env vars of flags `command` takes.
+    The labeller alone reads GFD_ env vars before their unprefixed names, as GFD does."""
+    from gpuslice.config.options import resolve_options
+
     given = {
         FLAG_PARAMS[p]: str(v)
         for p, v in params.items()
@@ -190,15 +190,15 @@ def checked_settings(
         and v is not None
         and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
     }
-    env = command_env(command, os.environ)
-    if command == "labels":
-        env = GfdEnv(env)
-    try:
-        check_settings(given, env)
-        resolve(Config(), given, env)  # every value checked before anything starts
-    except GpusliceError as exc:
-        fail(exc)
-    return given, env
+    env = GfdEnv(environ) if command == "labels" else environ
+    return resolve_options(
+        given,
+        env,
+        command=command,
+        config_name=params.get("config_name"),
+        fake_hardware=params.get("fake_hardware"),
+        fake_events=params.get("fake_events"),
+    )
 
 
 @click.group(
@@ -271,15 +271,13 @@ def mps_control(
     keep running when this command stops, until its container ends.
     """
     start_logs(log_level, log_format)
-    given, env = checked_settings(ctx, params, "mps-control")
-    from gpuslice.config.flags import setting
+    opts = run_options(ctx, params, "mps-control")
     from gpuslice.mps_cmd import run_mps_control
 
     try:
         asyncio.run(
             _until_signalled(
-                lambda get, stop, reload: run_mps_control(get, stop, simulated=simulated),
-                lambda name: setting(name, given, env),
+                lambda o, stop, reload: run_mps_control(o, stop, simulated=simulated), opts
             )
         )
     except GpusliceError as exc:

@@ -11,22 +11,23 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from importlib import resources
-from pathlib import Path
 
 from gpuslice import logs
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
-from gpuslice.services.agent import Agent
-from gpuslice.services.node import Node
-from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.testing.kubelet.records import (
+from gpuslice.wiring import (
     AdmittedContainer,
     InsufficientResourceError,
+    KubeletStandin,
+    MemoryNodeApi,
+    Node,
     StandinError,
+    build_node,
+    device_plugin_of,
+    write_configmap_volume,
 )
-from gpuslice.wiring import RunOptions, node_deps
 
 GPU = "nvidia.com/gpu"
 # Package data, so the demo runs from a wheel or an image (examples/ links to it).
@@ -43,27 +44,6 @@ PODS: dict[str, dict[str, dict[str, int]]] = {
     "inference": {"model-a": {GPU: 1}, "model-b": {GPU: 1}},
     "trainer": {"main": {GPU: 2}},
 }
-
-
-def write_configmap_volume(path: str, data: Mapping[str, str]) -> None:
-    """Update `path` the way the kubelet updates a mounted ConfigMap: the entries go to a
-    new `..<unique>` directory, the `..data` link is swapped to it in one rename, each
-    entry is a link `name -> ..data/name`, and the old directory is removed."""
-    payload = tempfile.mkdtemp(prefix="..", dir=path)
-    for key, text in data.items():
-        Path(payload, key).write_text(text, encoding="utf-8")
-    data_link = os.path.join(path, "..data")
-    old = os.readlink(data_link) if os.path.islink(data_link) else None
-    os.symlink(os.path.basename(payload), data_link + "_tmp")
-    os.rename(data_link + "_tmp", data_link)
-    for key in data:
-        if not os.path.lexists(os.path.join(path, key)):
-            os.symlink(os.path.join("..data", key), os.path.join(path, key))
-    for name in os.listdir(path):
-        if not name.startswith("..") and name not in data:
-            os.unlink(os.path.join(path, name))
-    if old is not None:
-        shutil.rmtree(os.path.join(path, old), ignore_errors=True)
 
 
 async def run_demo(profile: str, *, verbose: bool, out: Callable[[str], None]) -> None:
@@ -84,8 +64,8 @@ async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> N
         configs, {"ts-4": text, "ts-8": text.replace("replicas: 4", "replicas: 8")}
     )
     api = MemoryNodeApi({NODE: {}})
-    opts = RunOptions(
-        cli_values={
+    opts = resolve_options(
+        {
             "kubelet-socket": os.path.join(work, "kubelet.sock"),
             "config-file-srcdir": configs,
             "default-config": "ts-4",
@@ -95,22 +75,22 @@ async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> N
         fake_hardware=profile,
         fake_events=events,
     )
-    node = Node(node_deps(opts, api))
-    agent = node.agent
+    node = build_node(opts, api)
+    agent, plugin = node.agent, device_plugin_of(node)
     stop = asyncio.Event()
     async with KubeletStandin(work) as kubelet:
         task = asyncio.create_task(node.run(stop))
         try:
             await _until(agent.ready, task)
-            want = {h.resource.name: len(h.devices()) for h in agent.manager.handlers.values()}
+            want = {h.resource.name: len(h.devices()) for h in plugin.manager.handlers.values()}
             names = list(want)
             await kubelet.wait_for(lambda k: all(len(k.devices(n)) == c for n, c in want.items()))
-            snapshot = agent.snapshot
+            snapshot = node.devices.snapshot
             gpus = {g.uuid: g for g in snapshot.gpus}
             out(f"== Simulated node '{profile}': {len(gpus)}x {snapshot.gpus[0].name}")
             out(f"   mounted ConfigMap: ts-4 ({DEMO_CONFIG.name}), ts-8 (the same with 8 replicas)")
             out(f"   in force: {_config_line(node)}")
-            for line in _describe_config(agent):
+            for line in _describe_config(node):
                 out(f"   {line}")
             out("\n== Registered with the kubelet stand-in (device-plugin v1beta1)")
             for name in names:
@@ -189,7 +169,7 @@ async def _switch(
         f"pods' devices {'all still advertised' if kept else 'NOT all advertised'}"
     )
     out(_indent(_capacity(kubelet)))
-    bad = node.agent.snapshot.gpus[faulty].uuid
+    bad = node.devices.snapshot.gpus[faulty].uuid
     out(f"   GPU {faulty} stays Unhealthy: {_unhealthy(kubelet, bad)} replicas")
     out("   NodeFeature labels:")
     out(_indent(_show_labels(await _labels(node, api), before), 6))
@@ -229,9 +209,9 @@ async def _until(event: asyncio.Event, task: asyncio.Task[None]) -> None:
         raise ConfigError("the agent stopped before serving anything")
 
 
-def _describe_config(agent: Agent) -> list[str]:
+def _describe_config(node: Node) -> list[str]:
     lines = []
-    for handler in agent.manager.handlers.values():
+    for handler in device_plugin_of(node).manager.handlers.values():
         r = handler.resource
         physical = len({d.physical_id for d in r.devices})
         lines.append(

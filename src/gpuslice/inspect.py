@@ -5,38 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuslice.core.cdi import uses_cdi
+from gpuslice.config.options import RunOptions
+from gpuslice.config.settings import load_config
 from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
 from gpuslice.core.resources import Resource, unmatched_rule_warnings
-from gpuslice.core.response import AllocateOptions
-from gpuslice.wiring import (
-    RunOptions,
-    effective_config,
-    label_flags,
-    machine_type,
-    open_backend,
-    pinned_limit,
-    settings_from,
-)
+from gpuslice.wiring import machine_type, open_backend, plugin_settings, toolkit_problem
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
     """One JSON-able report; `resources` maps each advertised name to its device count,
     `gpus` lists each GPU with the resources serving it (`servedAs`), `labels` each node
     label (GFD's, without the timestamp) to its value."""
-    loaded = effective_config(opts)
-    cfg = settings_from(loaded, opts, plugin=True)
+    loaded = load_config(opts)
+    cfg = plugin_settings(loaded, opts)
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
     finally:
         backend.close()
+    pinned = opts.mps_pinned_memory_limit_mib
     resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
-        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned_limit(opts)
+        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned
     )
-    machine_file = label_flags(opts, loaded.config).gfd.machine_type_file or ""
-    labelled = label_node(snapshot, cfg.resources, machine=machine_type(opts, machine_file))
+    machine = machine_type(opts, cfg.labels.machine_type_file)
+    labelled = label_node(snapshot, cfg.resources, machine=machine)
     return {
         "resources": {r.name: len(r.devices) for r in resources},
         "details": [
@@ -66,22 +59,11 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         "config": loaded.source or "(defaults)",
         "warnings": [
             *cfg.warnings,
-            *_toolkit_warnings(opts, cfg.allocate),
+            *filter(None, [toolkit_problem(opts, cfg.allocate)]),
             *unmatched_rule_warnings(snapshot.gpus, cfg.resources),
             *labelled.warnings,
         ],
     }
-
-
-def _toolkit_warnings(opts: RunOptions, allocate: AllocateOptions) -> list[str]:
-    """Under a cdi-* strategy: that the NVIDIA Container Toolkit's spec is missing."""
-    directory = opts.get("cdi-spec-dir")
-    if not directory or not uses_cdi(allocate):
-        return []
-    from gpuslice.adapters.cdi_file import find_toolkit_devices
-
-    problem = find_toolkit_devices(directory).problem
-    return [] if problem is None else [problem]
 
 
 def served_as(gpu_uuid: str, resources: Sequence[Resource]) -> list[dict[str, Any]]:

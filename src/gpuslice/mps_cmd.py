@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable
 
 from gpuslice.config.checks import show
+from gpuslice.config.options import RunOptions
 from gpuslice.core.errors import ConfigError
 
 SOCKET_NAME = ".mps-control.sock"  # a leading dot: never a resource domain under the root
@@ -19,19 +19,18 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
 
 
 async def run_mps_control(
-    get: Callable[[str], str], stop: asyncio.Event, *, simulated: bool = False
+    opts: RunOptions, stop: asyncio.Event, *, simulated: bool = False
 ) -> None:
-    """Serve until `stop`. `get(flag)`: a setting (flag > env > default); no more of the
-    agent's wiring is loaded, so this process stays small. Raises ConfigError (one line)
-    when the root or the socket cannot be used."""
-    root = get("mps-root")
+    """Serve until `stop`; no more of the agent's wiring is loaded, so this process stays
+    small. Raises ConfigError (one line) when the root or the socket cannot be used."""
+    root = opts.mps_root
     if not root or not os.path.isabs(root):
         raise ConfigError(
             f"--mps-root (MPS_ROOT): got {show(root)}; expected the absolute host directory "
             "of the MPS daemons, as the agent's mpsRoot (NVIDIA's Helm chart uses "
             "/run/nvidia/mps)"
         )
-    socket = get("mps-control-socket") or os.path.join(root, SOCKET_NAME)
+    socket = opts.mps_control_socket or os.path.join(root, SOCKET_NAME)
     where = "--mps-control-socket (GPUSLICE_MPS_CONTROL_SOCKET)"
     if len(os.fsencode(socket)) > SOCKET_PATH_MAX:
         raise ConfigError(
@@ -45,7 +44,7 @@ async def run_mps_control(
     except OSError as exc:
         why = exc.strerror
         raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {why}") from None
-    binary = [get("mps-control-binary")]
+    binary = [opts.mps_control_binary]
     if simulated:
         binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
     host = MpsHost(LocalLauncher(binary), root)

@@ -1,10 +1,13 @@
-"""The composition root: the one place that picks real or simulated adapters."""
+"""The composition root: the one place that picks real or simulated adapters, and that
+builds the nodes of `gpuslice run`, `gpuslice labels` and `gpuslice demo` from the
+command's resolved options (config.options.RunOptions)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import os
 import secrets
 import shutil
@@ -12,26 +15,34 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
+from gpuslice.adapters.deviceplugin.dirlock import Holder, claim, directory_present
+from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
+from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kubelet.dirlock import Holder, claim, directory_present
-from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
-from gpuslice.adapters.kubelet.handover import DirClaim
-from gpuslice.config import settings as config_settings
-from gpuslice.config.checks import duration_seconds, show
-from gpuslice.config.flags import FALSE_WORDS, FLAGS_BY_NAME, resolve, setting, with_defaults
 from gpuslice.config.loader import LoadedConfig
-from gpuslice.config.settings import Settings
-from gpuslice.config.v1 import Config, Flags
-from gpuslice.core.cdi import EXTRA_NODES
+from gpuslice.config.options import (
+    DEFAULT_MACHINE_TYPE_FILE,
+    DEFAULT_MPS_CONTROL,
+    NO_API_FOR_CONFIG_MAP,
+    NO_API_FOR_NODE_FEATURES,
+    RunOptions,
+    resolve_options,
+)
+from gpuslice.config.settings import Settings, load_config, settings_from
+from gpuslice.config.v1 import Config
+from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
+    ClaimDir,
+    DirEvents,
+    DirWatch,
     GpuBackend,
     LabelSink,
     Metrics,
@@ -41,110 +52,99 @@ from gpuslice.core.ports import (
     PodResources,
     ProcessOwners,
 )
-from gpuslice.core.watchdog import Policy, parse_budgets
-from gpuslice.services.agent import Agent, AgentDeps, DirEvents
+from gpuslice.core.response import AllocateOptions
+from gpuslice.core.restart import RestartBudget
+from gpuslice.core.settings import LabelSettings
+from gpuslice.frontends.deviceplugin import DevicePluginFrontEnd, EndpointFactory, ResourceHandler
+from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
-from gpuslice.services.config_manager import REJECTED_REASON, ConfigManager
-from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, EntrySource
+from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
+from gpuslice.services.config_source import (
+    ConfigMapEntries,
+    DirectoryEntries,
+    EntrySource,
+    FileEntries,
+)
 from gpuslice.services.labeller import NodeFeatureSink
+from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
-from gpuslice.services.node_state import node_state
-from gpuslice.services.resource_handler import ResourceHandler
-from gpuslice.services.sampler import Sampler, interval_seconds
+from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_metrics import node_state
+from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
     from gpuslice.adapters.metrics import PrometheusMetrics
+    from gpuslice.adapters.podresources import PodResourcesClient
     from gpuslice.adapters.status_http import StatusServer
+    from gpuslice.testing.configmap import write_configmap_volume
+    from gpuslice.testing.kubelet import KubeletStandin
+    from gpuslice.testing.kubelet.records import (
+        AdmittedContainer,
+        InsufficientResourceError,
+        StandinError,
+    )
+    from gpuslice.testing.nodeapi import MemoryNodeApi
 
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# The simulated cluster `gpuslice demo` runs against (the testing kit), loaded when used.
+_KIT = {
+    "write_configmap_volume": "gpuslice.testing.configmap",
+    "KubeletStandin": "gpuslice.testing.kubelet",
+    "AdmittedContainer": "gpuslice.testing.kubelet.records",
+    "InsufficientResourceError": "gpuslice.testing.kubelet.records",
+    "StandinError": "gpuslice.testing.kubelet.records",
+    "MemoryNodeApi": "gpuslice.testing.nodeapi",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _KIT:
+        return getattr(importlib.import_module(_KIT[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AdmittedContainer",
+    "InsufficientResourceError",
+    "KubeletStandin",
+    "MemoryNodeApi",
+    "Node",
+    "RunOptions",
+    "StandinError",
+    "resolve_options",
+    "write_configmap_volume",
+]
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """What the command line said: explicit flags (as strings) and the environment."""
+class Parts:
+    """The adapters a node's agent is built from, as `run` picks them (wiring.parts); a
+    test or the bench may swap one (dataclasses.replace) before building."""
 
-    cli_values: Mapping[str, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    config_name: str | None = None
-    fake_hardware: str | None = None
-    fake_events: str | None = None
-    # With --kubelet-socket "" (do not register): a private directory of this process
-    # for the plugin sockets, so the node's device-plugin directory is never touched.
-    own_plugin_dir: str | None = None
-
-    @property
-    def kubelet_socket(self) -> str:
-        return setting("kubelet-socket", self.cli_values, self.env)
-
-    @property
-    def plugin_dir(self) -> str:
-        if not self.kubelet_socket and self.own_plugin_dir:
-            return self.own_plugin_dir
-        return os.path.dirname(self.kubelet_socket) or DEFAULT_PLUGIN_DIR
-
-    def get(self, name: str) -> str:
-        """A setting that lives outside the config file (flag > env > default)."""
-        return setting(name, self.cli_values, self.env)
-
-    @property
-    def config_dir(self) -> str:
-        """The mounted ConfigMap directory of per-node configs, if any. Raises ConfigError
-        when a config name is given too: there the node label or default picks it."""
-        path = self.get("config-file")
-        found = self.get("config-file-srcdir") or (path if path and os.path.isdir(path) else "")
-        if found and self.config_map:
-            raise ConfigError(
-                f"--config-map (CONFIG_MAP) {show(self.config_map)} and the config directory "
-                f"{found}: give one source of per-node configs, not both"
-            )
-        self._check_no_config_name(found)
-        return found
-
-    @property
-    def config_map(self) -> str:
-        """The ConfigMap of per-node configs read through the API, if any."""
-        return self.get("config-map")
-
-    @property
-    def per_node(self) -> bool:
-        """Whether the config is chosen per node (a directory or a ConfigMap of configs).
-        Raises ConfigError for both at once, or with a config name."""
-        found = self.config_dir
-        if self.config_map:
-            self._check_no_config_name(f"ConfigMap {self.config_map}")
-        return bool(found or self.config_map)
-
-    def _check_no_config_name(self, source: str) -> None:
-        if source and self.config_name is not None:
-            label = self.get("node-label")
-            raise ConfigError(
-                f"--config-name {show(self.config_name)}: not used with the per-node configs of "
-                f"{source}; name the config with --default-config (DEFAULT_CONFIG) or the node "
-                f"label {label}"
-            )
+    open_backend: Callable[[], GpuBackend]  # raises BackendError when NVML cannot start
+    endpoint: EndpointFactory  # one device-plugin endpoint per resource
+    watch: DirWatch | None  # the device-plugin directory's watch (None: not followed)
+    plugin_dir: str
+    restart_budget: RestartBudget | None = None  # None: upstream's (5 restarts an hour)
+    # Takes the device-plugin directory from a predecessor just before serving, and hands
+    # it to a successor on the way out (None: not claimed here, as in tests of parts).
+    claim_dir: ClaimDir | None = None
 
 
-def effective_config(opts: RunOptions) -> LoadedConfig:
-    """The config file (if any) with flags and env vars applied. Raises ConfigError."""
-    return config_settings.effective_config(opts.cli_values, opts.env, config_name=opts.config_name)
+def parts(opts: RunOptions, metrics: Metrics = NO_METRICS) -> Parts:
+    """The adapters of `opts`: NVML or the simulated node, the kubelet's directory."""
+    plugin_dir, kubelet_socket = opts.plugin_dir, opts.kubelet_socket
 
+    def endpoint(handler: ResourceHandler) -> PluginEndpoint:
+        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket, metrics)
 
-def settings(opts: RunOptions) -> Settings:
-    """The device plugin's complete settings from the config file, flags and env.
-    Raises ConfigError (HardwareError for a required IMEX channel that is missing)."""
-    return config_settings.load_settings(
-        opts.cli_values, opts.env, config_name=opts.config_name, imex_present=imex_present(opts)
+    return Parts(
+        open_backend=lambda: open_backend(opts),
+        endpoint=endpoint,
+        watch=_watch if kubelet_socket else None,
+        plugin_dir=plugin_dir,
     )
-
-
-def settings_from(loaded: LoadedConfig, opts: RunOptions, *, plugin: bool = False) -> Settings:
-    """The settings of one loaded config (a per-node entry), with flags and env applied;
-    with the device plugin's start-up rules when `plugin` (not for labels alone)."""
-    present = imex_present(opts) if plugin else None
-    return config_settings.settings_from(loaded, opts.cli_values, opts.env, imex_present=present)
 
 
 def imex_present(opts: RunOptions) -> frozenset[int]:
@@ -159,7 +159,12 @@ def imex_present(opts: RunOptions) -> frozenset[int]:
             return frozenset()  # opening the backend reports the bad node file
     from gpuslice.adapters.imex import existing_channels
 
-    return existing_channels(IMEX_CHANNELS, roots=("/", opts.get("driver-root-ctr-path")))
+    return existing_channels(IMEX_CHANNELS, roots=("/", opts.driver_root_ctr_path))
+
+
+def plugin_settings(loaded: LoadedConfig, opts: RunOptions) -> Settings:
+    """The settings of one loaded config under the device plugin's start-up rules."""
+    return settings_from(loaded, opts, imex_present=imex_present(opts))
 
 
 def open_backend(opts: RunOptions) -> GpuBackend:
@@ -170,45 +175,64 @@ def open_backend(opts: RunOptions) -> GpuBackend:
         return FakeBackend.from_spec(opts.fake_hardware, opts.fake_events)
     from gpuslice.adapters.nvml import NvmlBackend
 
-    return NvmlBackend.open(driver_root=opts.get("driver-root-ctr-path") or "/driver-root")
+    return NvmlBackend.open(driver_root=opts.driver_root_ctr_path or "/driver-root")
 
 
 def _watch(path: str, names: Collection[str] | None) -> DirEvents:
     return DirWatcher(path, names)
 
 
-def agent_deps(opts: RunOptions, metrics: Metrics = NO_METRICS) -> AgentDeps:
-    plugin_dir = opts.plugin_dir
-    kubelet_socket = opts.kubelet_socket
+def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
+    return DirWatcher(path, names, poll_interval=0.5)
 
-    def endpoint(handler: ResourceHandler) -> PluginEndpoint:
-        return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket, metrics)
 
-    control = () if opts.fake_hardware else tuple(p for p in CONTROL_DEVICES if os.path.exists(p))
-    return AgentDeps(
-        open_backend=lambda: open_backend(opts),
-        load_settings=lambda: settings(opts),
-        endpoint_factory=endpoint,
-        plugin_dir=plugin_dir,
-        watch=_watch if kubelet_socket else None,
-        control_devices=control,
-        cdi=cdi_specs(opts, control),
-        metrics=metrics,
-        pod_resources=lambda: _held_back_by(opts),
+def control_devices(opts: RunOptions) -> tuple[str, ...]:
+    if opts.fake_hardware:
+        return ()
+    return tuple(p for p in CONTROL_DEVICES if os.path.exists(p))
+
+
+def node_devices(opts: RunOptions, metrics: Metrics, parts: Parts) -> NodeDevices:
+    """The node's device state: the backend, CDI specs, MPS daemons, holds."""
+    return NodeDevices(
+        parts.open_backend,
+        cdi=cdi_specs(opts, control_devices(opts)),
         mps=mps_daemons(opts),
+        pod_resources=lambda: _held_back_by(opts),
+        metrics=metrics,
     )
 
 
-def pinned_limit(opts: RunOptions) -> int:
-    """--mps-pinned-memory-limit in MiB (0: the GPU's memory / replicas)."""
-    return int(opts.get("mps-pinned-memory-limit") or 0)
+def device_plugin(
+    opts: RunOptions, devices: NodeDevices, metrics: Metrics, parts: Parts
+) -> DevicePluginFrontEnd:
+    """The device-plugin front-end: one endpoint per resource in the kubelet's directory."""
+    return DevicePluginFrontEnd(
+        devices,
+        parts.endpoint,
+        parts.plugin_dir,
+        watch=parts.watch,
+        control_devices=control_devices(opts),
+        budget=parts.restart_budget,
+        claim_dir=parts.claim_dir,
+        metrics=metrics,
+    )
+
+
+def agent(
+    opts: RunOptions, metrics: Metrics = NO_METRICS, with_parts: Parts | None = None
+) -> Agent:
+    """The converge loop over the node's devices and its one front-end (device plugin)."""
+    chosen = with_parts or parts(opts, metrics)
+    devices = node_devices(opts, metrics, chosen)
+    return Agent(devices, [device_plugin(opts, devices, metrics, chosen)], metrics=metrics)
 
 
 def mps_binary(opts: RunOptions) -> list[str]:
     """The MPS control binary: the simulated one on simulated hardware unless
     --mps-control-binary names one."""
-    binary = [opts.get("mps-control-binary")]
-    if opts.fake_hardware and binary[0] == FLAGS_BY_NAME["mps-control-binary"].default:
+    binary = [opts.mps_control_binary]
+    if opts.fake_hardware and binary[0] == DEFAULT_MPS_CONTROL:
         binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
     return binary
 
@@ -218,12 +242,12 @@ def mps_daemons(opts: RunOptions) -> MpsDaemons:
     when --mps-control-socket names it, else from the agent itself."""
     from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
 
-    binary, socket = mps_binary(opts), opts.get("mps-control-socket")
+    binary, socket = mps_binary(opts), opts.mps_control_socket
     return MpsDaemons(
         RemoteLauncher(socket) if socket else LocalLauncher(binary),
         ControlCommands(binary),
-        pinned_limit_mib=pinned_limit(opts),
-        roots=(opts.get("mps-root"),),
+        pinned_limit_mib=opts.mps_pinned_memory_limit_mib,
+        roots=(opts.mps_root,),
     )
 
 
@@ -231,10 +255,10 @@ def mps_daemons(opts: RunOptions) -> MpsDaemons:
 async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
     """PodResources for holding back moved devices (services.holds), accounting or not:
     a short timeout, since the agent reads it before serving each config."""
-    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+    from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
-    client = PodResourcesClient(opts.get("pod-resources-socket"), checkpoint, timeout_s=2.0)
+    client = PodResourcesClient(opts.pod_resources_socket, checkpoint, timeout_s=2.0)
     try:
         yield client
     finally:
@@ -244,79 +268,96 @@ async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
 def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
     """The CDI spec writer (None: --cdi-spec-dir is empty). It is always wired, since a
     reload may switch to a cdi-* strategy, and writes nothing under the others."""
-    directory = opts.get("cdi-spec-dir")
-    if not directory:
+    if not opts.cdi_spec_dir:
         return None
     from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, present_nodes
 
     extra = {} if opts.fake_hardware else {k: present_nodes(v) for k, v in EXTRA_NODES.items()}
     return CdiSpecs(
-        CdiSpecDir(directory),
+        CdiSpecDir(opts.cdi_spec_dir),
         control_devices=control,
         extra_nodes=extra,
-        find_toolkit=partial(find_toolkit_devices, directory),
+        find_toolkit=partial(find_toolkit_devices, opts.cdi_spec_dir),
     )
+
+
+def toolkit_problem(opts: RunOptions, allocate: AllocateOptions) -> str | None:
+    """Under a cdi-* strategy: why the NVIDIA Container Toolkit's spec is not found."""
+    if not opts.cdi_spec_dir or not uses_cdi(allocate):
+        return None
+    from gpuslice.adapters.cdi_file import find_toolkit_devices
+
+    return find_toolkit_devices(opts.cdi_spec_dir).problem
 
 
 def node_api(opts: RunOptions) -> NodeApi | None:
     """The Kubernetes API for this node when there is one to talk to."""
-    kubeconfig = opts.get("kubeconfig")
-    if not opts.get("node-name") or not (kubeconfig or opts.env.get("KUBERNETES_SERVICE_HOST")):
+    if not opts.node_name or not (opts.kubeconfig or opts.in_cluster):
         return None
     from gpuslice.adapters.kube import KubeNodeApi
 
     return KubeNodeApi(
-        kubeconfig=kubeconfig or None,
-        pod_name=opts.get("pod-name") or None,
-        host=opts.get("node-name"),
+        kubeconfig=opts.kubeconfig or None,
+        pod_name=opts.pod_name or None,
+        host=opts.node_name,
     )
 
 
-def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
-    return DirWatcher(path, names, poll_interval=0.5)
-
-
-def node_deps(opts: RunOptions, api: NodeApi | None, metrics: Metrics = NO_METRICS) -> NodeDeps:
-    """The agent, plus a per-node config manager and a labeller when configured."""
-    node = opts.get("node-name")
+def build_node(
+    opts: RunOptions,
+    api: NodeApi | None,
+    metrics: Metrics = NO_METRICS,
+    with_parts: Parts | None = None,
+    accounting: Callable[[NodeDevices], tuple[Sampler, Watchdog | None]] | None = None,
+) -> Node:
+    """`gpuslice run`'s node: the agent, the config manager (over the config file or the
+    per-node configs), the labeller when configured. Raises ConfigError (the config file
+    is read here, once: its first load is the one served first)."""
     entries = config_entries(opts, api)
-    manager = None
-    if entries is not None:
-        source = api
-        if source is None:  # no cluster: the label reads as unset
-            from gpuslice.adapters.kube.memory import MemoryNodeApi
+    first: tuple[LoadedConfig, Settings] | None = None
+    if entries is None:
+        loaded = load_config(opts)
+        first = (loaded, plugin_settings(loaded, opts))
+        entries = FileEntries(loaded.source, lambda: load_config(opts), first=loaded)
+    source: NodeLabelSource = api if api is not None else NoCluster()
 
-            source = MemoryNodeApi()
+    def to_settings(loaded: LoadedConfig) -> Settings:
+        if first is not None and loaded is first[0]:
+            return first[1]  # resolved above: one resolve per load
+        return plugin_settings(loaded, opts)
 
-        def manager(apply: Apply) -> ConfigManager[Settings]:
-            assert entries is not None
-            return ConfigManager(
-                source,
-                node,
-                entries,
-                lambda loaded: settings_from(loaded, opts, plugin=True),
-                apply,
-                label=opts.get("node-label"),
-                default=opts.get("default-config") or None,
-                fallbacks=_list(opts.get("fallback-strategies")),
-                metrics=metrics,
-            )
+    def manager(apply: Apply) -> ConfigManager[Settings]:
+        assert entries is not None
+        return ConfigManager(
+            source,
+            opts.node_name,
+            entries,
+            to_settings,
+            apply,
+            label=opts.node_label if first is None else None,
+            default=opts.default_config or None,
+            fallbacks=opts.fallback_strategies,
+            metrics=metrics,
+        )
 
-    agent = agent_deps(opts, metrics)
-    if manager is None and api is not None and node:
-        # One config file: a refused SIGHUP reload is recorded on the Node as the
-        # per-node manager records a refused config.
-        async def rejected(message: str) -> None:
-            await api.record_event(node, REJECTED_REASON, message, warning=True)
-
-        agent = dataclasses.replace(agent, on_rejected=rejected)
-    if agent.mps is not None and api is not None and node:
+    labels = None
+    if opts.labels == "true" or (opts.labels == "auto" and api is not None):
+        # Per-node configs are chosen later: there only flags, env vars and defaults count.
+        gfd = first[1].labels if first else label_settings_of(opts, LoadedConfig(Config()))
+        labels = label_output(opts, api, gfd)
+    node_agent = agent(opts, metrics, with_parts)
+    mps = node_agent.node.mps
+    if mps is not None and api is not None and opts.node_name:
         # New MPS replicas withheld while an old daemon's clients finish: on the Node.
         async def mps_waiting(message: str) -> None:
-            await api.record_event(node, MPS_WAITING_REASON, message, warning=True)
+            await api.record_event(opts.node_name, MPS_WAITING_REASON, message, warning=True)
 
-        agent.mps.notify = mps_waiting
-    return NodeDeps(agent=agent, manager=manager, labels=label_options(opts, api))
+        mps.notify = mps_waiting
+    return Node(NodeDeps(node_agent, manager, labels, accounting))
+
+
+def label_settings_of(opts: RunOptions, loaded: LoadedConfig) -> LabelSettings:
+    return settings_from(loaded, opts).labels
 
 
 def config_entries(opts: RunOptions, api: NodeApi | None) -> EntrySource | None:
@@ -324,88 +365,40 @@ def config_entries(opts: RunOptions, api: NodeApi | None) -> EntrySource | None:
     directory, or None (one config file). Raises ConfigError naming what is missing."""
     if not opts.per_node:
         return None
-    config_map, config_dir = opts.config_map, opts.config_dir
-    if not opts.get("node-name"):
-        given, path = (
-            ("--config-map (CONFIG_MAP)", config_map)
-            if config_map
-            else (_dir_flag(opts), config_dir)
-        )
-        raise ConfigError(_NO_NODE_NAME.format(given=given, path=path))
-    if not config_map:
-        return DirectoryEntries(config_dir, _config_watch)
+    if not opts.config_map:
+        return DirectoryEntries(opts.config_dir, _config_watch)
     if api is None:
-        raise ConfigError(
-            f"--config-map (CONFIG_MAP) {config_map}: the ConfigMap is read through the "
-            "Kubernetes API, and there is none: run in a cluster or set --kubeconfig (KUBECONFIG)"
-        )
-    return ConfigMapEntries(api, opts.get("namespace"), config_map)
+        raise ConfigError(NO_API_FOR_CONFIG_MAP.format(name=opts.config_map))
+    return ConfigMapEntries(api, opts.namespace, opts.config_map)
 
 
-_NO_NODE_NAME = (
-    "{given} {path}: per-node configs need this node's name to read its label; set "
-    "--node-name or NODE_NAME (usually from the downward API, fieldPath spec.nodeName), "
-    "otherwise every node would serve the default config"
-)
-
-
-def _dir_flag(opts: RunOptions) -> str:
-    if opts.get("config-file-srcdir"):
-        return "--config-file-srcdir (CONFIG_FILE_SRCDIR)"
-    return "--config-file (CONFIG_FILE), a directory,"
-
-
-def label_options(opts: RunOptions, api: NodeApi | None) -> LabelOptions | None:
-    """The labeller beside the plugin, when `--labels` asks for one (auto: in a cluster).
-    Its flags.gfd settings come from the config file; per-node configs (a directory) are
-    chosen later, so there only flags, env vars and defaults count."""
-    wanted = opts.get("labels")
-    if wanted == "false" or (wanted == "auto" and api is None):
-        return None
-    return label_output(opts, api, None if opts.per_node else effective_config(opts).config)
-
-
-def label_output(
-    opts: RunOptions, api: NodeApi | None, config: Config | None = None
-) -> LabelOptions:
-    """Where labels go and how often, from the flags.gfd settings of `config` (the config
-    file, when there is one) with flags and env vars applied: the NodeFeature object
-    through the API, or a features.d file. Raises ConfigError when the NodeFeature API is
-    asked for and there is no cluster to publish to."""
-    flags = label_flags(opts, config)
-    gfd = flags.gfd
+def label_output(opts: RunOptions, api: NodeApi | None, gfd: LabelSettings) -> LabelOptions:
+    """Where labels go and how often: the NodeFeature object through the API, or a
+    features.d file. Raises ConfigError when the NodeFeature API is asked for and there is
+    no cluster to publish to."""
     sink: LabelSink
-    if flags.use_node_feature_api:
-        if api is None or not opts.get("node-name"):
-            raise ConfigError(
-                "useNodeFeatureAPI is true but there is no Kubernetes API to publish the "
-                "NodeFeature object to: set --node-name (NODE_NAME) and --kubeconfig (or run "
-                "in a cluster), or pass --use-node-feature-api=false to write a features file"
-            )
-        sink = NodeFeatureSink(api, opts.get("node-name"), opts.get("namespace"))
+    if gfd.use_node_feature_api:
+        if api is None or not opts.node_name:
+            raise ConfigError(NO_API_FOR_NODE_FEATURES)
+        sink = NodeFeatureSink(api, opts.node_name, opts.namespace)
     else:
         from gpuslice.adapters.nfd_file import FeatureFile
 
-        sink = FeatureFile(gfd.output_file or "")
+        sink = FeatureFile(gfd.output_file)
     return LabelOptions(
         sinks=[sink],
-        interval_s=duration_seconds(gfd.sleep_interval or "60s"),
-        timestamps=not gfd.no_timestamp,
-        machine=machine_type(opts, gfd.machine_type_file or ""),
-        oneshot=bool(gfd.oneshot),
+        interval_s=gfd.interval_s,
+        timestamps=gfd.timestamps,
+        machine=machine_type(opts, gfd.machine_type_file),
+        oneshot=gfd.oneshot,
     )
-
-
-def label_flags(opts: RunOptions, config: Config | None = None) -> Flags:
-    """The `flags` of `config` with flags, env vars and defaults applied."""
-    return with_defaults(resolve(config or Config(), opts.cli_values, opts.env)).flags
 
 
 def machine_type(opts: RunOptions, path: str) -> str | None:
     """The machine type from `path`; None (the snapshot's own) when unreadable, and on
     simulated hardware unless a file other than the default is named (the host's DMI
     name would otherwise replace the simulated node's)."""
-    if opts.fake_hardware and path == FLAGS_BY_NAME["machine-type-file"].default:
+    if opts.fake_hardware and path == DEFAULT_MACHINE_TYPE_FILE:
         return None
     try:
         with open(path, encoding="utf-8") as f:
@@ -414,16 +407,12 @@ def machine_type(opts: RunOptions, path: str) -> str | None:
         return None
 
 
-def _list(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
 def lock_holder(opts: RunOptions) -> Holder:
     """Who this agent is, for another agent waiting on the device-plugin directory."""
     return Holder(
         os.getpid(),
-        opts.get("pod-name"),
-        opts.get("node-name"),
+        opts.pod_name,
+        opts.node_name,
         socket.gethostname(),
         token=secrets.token_hex(8),
     )
@@ -435,18 +424,18 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
     own_dir = None
     if not opts.kubelet_socket:  # not registering: nothing of the kubelet's is used
         own_dir = tempfile.mkdtemp(prefix="gpuslice-plugins-")
-        opts = replace(opts, own_plugin_dir=own_dir)
+        opts = dataclasses.replace(opts, own_plugin_dir=own_dir)
     api = node_api(opts)
     try:
-        address, metrics_address = opts.get("status-address"), opts.get("metrics-address")
+        address, metrics_address = opts.status_address, opts.metrics_address
         metrics = prometheus_metrics(opts) if address or metrics_address else None
-        deps = node_deps(opts, api, metrics or NO_METRICS)
         pods = pod_resources(opts)
-        if pods is not None:
-            deps.accounting = accounting(opts, api, metrics or NO_METRICS, pods)
+        sampling = None if pods is None else accounting(opts, api, metrics or NO_METRICS, pods)
+        chosen = parts(opts, metrics or NO_METRICS)
         if own_dir is None:  # the node's directory: one agent at a time
-            deps.agent.claim_dir = lambda stop, waiting: _claim(opts, stop, waiting)
-        node = Node(deps)
+            claim_dir: ClaimDir = lambda stop, waiting: _claim(opts, stop, waiting)  # noqa: E731
+            chosen = dataclasses.replace(chosen, claim_dir=claim_dir)
+        node = build_node(opts, api, metrics or NO_METRICS, chosen, accounting=sampling)
         async with contextlib.AsyncExitStack() as stack:
             if pods is not None:
                 stack.push_async_callback(pods.aclose)
@@ -491,14 +480,16 @@ def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:
     """The Prometheus adapter, imported only for an agent serving /metrics."""
     from gpuslice.adapters.metrics import PrometheusMetrics
 
-    return PrometheusMetrics(hostname=opts.get("node-name") or socket.gethostname())
+    return PrometheusMetrics(hostname=opts.node_name or socket.gethostname())
 
 
 def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
     """Series read from the node at each scrape: resources, GPUs, the config."""
     from gpuslice.adapters.metrics import NodeStateCollector
 
-    metrics.add(NodeStateCollector(lambda: node_state(node), hostname=metrics.hostname))
+    plugin = device_plugin_of(node)
+    collect = lambda: node_state(node, plugin.resource_states)  # noqa: E731
+    metrics.add(NodeStateCollector(collect, hostname=metrics.hostname))
     sampler, watchdog = node.sampler, node.watchdog
     if sampler is not None:
         from gpuslice.adapters.metrics import AccountingCollector, BudgetCollector
@@ -508,51 +499,54 @@ def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
             metrics.add(BudgetCollector(lambda: watchdog.latest, hostname=metrics.hostname))
 
 
+def device_plugin_of(node: Node) -> DevicePluginFrontEnd:
+    """The node's device-plugin front-end."""
+    (plugin,) = (f for f in node.agent.front_ends if isinstance(f, DevicePluginFrontEnd))
+    return plugin
+
+
 def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
     """The kubelet's PodResources API and device checkpoint (None: accounting is off).
     Nothing connects until the first sample: a missing socket fails samples, not the agent."""
-    if opts.get("accounting").strip().lower() in FALSE_WORDS:
+    if not opts.accounting:
         return None
-    from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+    from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
-    return PodResourcesClient(opts.get("pod-resources-socket"), checkpoint)
+    return PodResourcesClient(opts.pod_resources_socket, checkpoint)
 
 
 def accounting(
     opts: RunOptions, api: NodeApi | None, metrics: Metrics, pods: PodResources
-) -> Callable[[Agent], tuple[Sampler, Watchdog | None]]:
+) -> Callable[[NodeDevices], tuple[Sampler, Watchdog | None]]:
     """The sampler beside the agent and the memory-budget watchdog it feeds. On simulated
     hardware the backend knows its processes' pods; on a node, their cgroups under
-    --proc-root do. Raises ConfigError for a bad interval or budget."""
-    interval = interval_seconds(opts.get("sample-interval"))
-    overrides = parse_budgets(opts.get("memory-budget"))
-    policy = Policy(opts.get("memory-budget-policy"))
+    --proc-root do."""
     owners: ProcessOwners | None = None
     kill = _kill  # simulated: the events file says which pod a PID is in
     if not opts.fake_hardware:
         from gpuslice.adapters.cgroups import CgroupOwners
 
-        cgroups = CgroupOwners(opts.get("proc-root"))
+        cgroups = CgroupOwners(opts.proc_root)
         owners, kill = cgroups, cgroups.kill
     events = cast(PodEvents, api) if hasattr(api, "record_pod_event") else None
 
-    def build(agent: Agent) -> tuple[Sampler, Watchdog | None]:
+    def build(devices: NodeDevices) -> tuple[Sampler, Watchdog | None]:
         watchdog = Watchdog(
-            policy,
-            overrides,
-            lambda: agent.snapshot,
-            hold=agent.manager.hold_unhealthy,
+            opts.memory_budget_policy,
+            opts.memory_budgets,
+            lambda: devices.snapshot,
+            hold=lambda held: devices.hold(held, by="watchdog"),
             kill=kill,
             events=events,
             metrics=metrics,
         )
         sampler = Sampler(
-            agent.on_backend,
-            lambda: agent.snapshot,
+            devices.on_backend,
+            lambda: devices.snapshot,
             pods,
             owners,
-            interval_s=interval,
+            interval_s=opts.sample_interval_s,
             sampled=metrics.sampled,
             failed=metrics.sample_failed,
             after=watchdog.check,
@@ -564,3 +558,39 @@ def accounting(
 
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+# --- gpuslice labels -------------------------------------------------------------------
+
+
+def labels_node(opts: RunOptions, api: NodeApi | None) -> LabelsNode:
+    """`gpuslice labels`: the labeller over the node's backend and the config file,
+    without a front-end. Raises ConfigError for a bad config or flag (read here, once)."""
+    loaded = load_config(opts)
+    first = settings_from(loaded, opts)
+    entries = FileEntries(loaded.source, lambda: load_config(opts), first=loaded)
+
+    def to_settings(loaded_now: LoadedConfig) -> Settings:
+        return first if loaded_now is loaded else settings_from(loaded_now, opts)
+
+    def manager(apply: Apply) -> ConfigManager[Settings]:
+        return ConfigManager(NoCluster(), opts.node_name, entries, to_settings, apply, label=None)
+
+    devices = NodeDevices(lambda: open_backend(opts))
+    output = label_output(opts, api, first.labels)
+    pinned = opts.mps_pinned_memory_limit_mib
+    return LabelsNode(devices, manager, output, first, pinned_limit_mib=pinned)
+
+
+async def run_labels(
+    opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event | None = None
+) -> None:
+    """Label until `stop` (once when oneshot). Raises GpusliceError for a bad config or
+    flag, a backend that cannot start (unless failOnInitError is false) and, in oneshot
+    mode, a labelling or output that fails."""
+    api = node_api(opts)
+    try:
+        await labels_node(opts, api).run(stop, reload)
+    finally:
+        if api is not None:
+            await api.aclose()

@@ -16,8 +16,9 @@ import pytest
 from kube_fakes import FAST_BACKOFF, FakeApiServer, Follower, fake_client, write_kubeconfig
 
 from gpuslice.adapters.kube import KubeNodeApi
+from gpuslice.config.options import resolve_options
 from gpuslice.core.errors import BackendError
-from gpuslice.wiring import RunOptions, node_api
+from gpuslice.wiring import node_api
 
 NS = "gpu-ops"
 FEATURE = ("gpu-ops", "nvidia-features-for-n1")
@@ -166,7 +167,7 @@ def test_an_unusable_kubeconfig_is_a_one_line_error(tmp_path: Path) -> None:
 def test_importing_the_adapter_loads_no_lightkube() -> None:
     """`gpuslice run` without Kubernetes must not pay lightkube's import time."""
     probe = (
-        "import sys, gpuslice.adapters.kube as k; k.MemoryNodeApi(); "
+        "import sys, gpuslice.adapters.kube, gpuslice.testing.nodeapi as m; m.MemoryNodeApi(); "
         "print(sorted(m for m in ('lightkube', 'httpx2') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
@@ -181,7 +182,7 @@ async def test_node_events_of_an_agent_in_its_own_namespace_land_in_default(
     for proxy in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
     cli = {"node-name": "n1", "namespace": NS, "kubeconfig": write_kubeconfig(tmp_path, server.url)}
-    api = node_api(RunOptions(cli_values=cli))
+    api = node_api(resolve_options(cli))
     assert api is not None
     await api.record_event("n1", "ConfigRejected", "config rejected, keeping ts-4", warning=True)
     await api.aclose()

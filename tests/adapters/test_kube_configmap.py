@@ -14,9 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 from kube_fakes import FAST_BACKOFF, FakeApiServer, Following, Grant, fake_client
 
-from gpuslice.adapters.kube import KubeNodeApi, MemoryNodeApi
+from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import ConfigMapView
+from gpuslice.testing.nodeapi import MemoryNodeApi
 
 NS = "gpu-operator"
 NAME = "gpuslice-configs"

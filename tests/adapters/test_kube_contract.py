@@ -16,10 +16,11 @@ from typing import Protocol
 import pytest
 from kube_fakes import FAST_BACKOFF, FakeApiServer, Follower, fake_client
 
-from gpuslice.adapters.kube import KubeNodeApi, MemoryNodeApi, objects
+from gpuslice.adapters.kube import KubeNodeApi, objects
 from gpuslice.core.errors import BackendError
 from gpuslice.core.labels import TIMESTAMP_LABEL
 from gpuslice.core.ports import NodeApi
+from gpuslice.testing.nodeapi import MemoryNodeApi
 
 NS = "gpu-ops"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kube_fakes import Follower
 
-from gpuslice.adapters.kube import MemoryNodeApi, RecordedEvent, objects
+from gpuslice.adapters.kube import objects
+from gpuslice.testing.nodeapi import MemoryNodeApi, RecordedEvent
 
 NS = "gpu-ops"
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from kubelet_fakes import FakeHandler, make_resource, short_dir
 
-from gpuslice.adapters.kubelet import DevicePluginServer, KubeletEndpoint, RegistrationError
-from gpuslice.adapters.kubelet.dirlock import HOLDER_FILE, DirLock, Holder, acquire, claim
-from gpuslice.adapters.kubelet.handover import DirClaim
+from gpuslice.adapters.deviceplugin import DevicePluginServer, KubeletEndpoint, RegistrationError
+from gpuslice.adapters.deviceplugin.dirlock import HOLDER_FILE, DirLock, Holder, acquire, claim
+from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.core.ports import SocketTaken
 from gpuslice.testing.kubelet import KubeletStandin
 

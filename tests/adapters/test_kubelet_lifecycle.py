@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from kubelet_fakes import FakeHandler, exists, make_resource, open_fds, short_dir
 
+from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fswatch import CREATED, DELETED, DirEvent, DirWatcher
-from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 GPU = "nvidia.com/gpu"

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from kubelet_fakes import FakeHandler, exists, make_resource, short_dir
 
-from gpuslice.adapters.kubelet import DevicePluginServer, RegistrationError
-from gpuslice.adapters.kubelet.api import pb, pb_grpc
+from gpuslice.adapters.deviceplugin import DevicePluginServer, RegistrationError
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
 from gpuslice.core.errors import InvalidRequest
 from gpuslice.core.response import ContainerAllocation, DeviceSpec, Mount
 from gpuslice.testing.kubelet import KubeletStandin

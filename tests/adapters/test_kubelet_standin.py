@@ -10,8 +10,8 @@ import grpc
 import pytest
 from kubelet_fakes import FakeHandler, make_resource, read_json, short_dir
 
-from gpuslice.adapters.kubelet import DevicePluginServer
-from gpuslice.adapters.kubelet.api import pb, pb_grpc
+from gpuslice.adapters.deviceplugin import DevicePluginServer
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
 from gpuslice.testing.kubelet import (
     AdmissionError,
     InsufficientResourceError,

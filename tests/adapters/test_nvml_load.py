@@ -113,11 +113,12 @@ def test_an_nvml_that_reports_its_library_missing_gets_the_same_advice() -> None
 def test_the_agent_looks_for_nvml_where_driver_root_ctr_path_says(tmp_path: Path) -> None:
     """`gpuslice run` passes --driver-root-ctr-path (DRIVER_ROOT_CTR_PATH) to the NVML loader:
     the error names that mount point, not the default one."""
-    from gpuslice.wiring import RunOptions, open_backend
+    from gpuslice.config.options import resolve_options
+    from gpuslice.wiring import open_backend
 
     root = tmp_path / "host-driver"
     root.mkdir()
     with pytest.raises(BackendError) as err:
-        open_backend(RunOptions(env={"DRIVER_ROOT_CTR_PATH": str(root)}))
+        open_backend(resolve_options(env={"DRIVER_ROOT_CTR_PATH": str(root)}))
     assert str(root) in str(err.value)
     assert "/driver-root " not in str(err.value)

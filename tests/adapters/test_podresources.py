@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kubelet_fakes import FakeHandler, make_resource, short_dir
 
-from gpuslice.adapters.kubelet import DevicePluginServer
-from gpuslice.adapters.kubelet.podresources import PodResourcesClient, read_checkpoint
+from gpuslice.adapters.deviceplugin import DevicePluginServer
+from gpuslice.adapters.podresources import PodResourcesClient, read_checkpoint
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices
 from gpuslice.testing.kubelet import KubeletStandin

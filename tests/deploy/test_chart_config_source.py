@@ -14,13 +14,14 @@ import yaml
 from chart_kit import CHART, CONFIGS, NAMESPACE, RELEASE, VALUE_SETS, container, env, rendered, the
 from chart_kit import tool as chart_tool
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.config.options import RunOptions, resolve_options
 from gpuslice.services.config_source import (
     DEFAULT_ANNOTATION,
     ConfigMapEntries,
     DirectoryEntries,
 )
-from gpuslice.wiring import RunOptions, config_entries, node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node, config_entries
 
 NODE = "gpu-node-1"
 CHART_MAP = f"{RELEASE}-gpuslice-configs"  # the ConfigMap the chart makes from config.map
@@ -46,7 +47,7 @@ def agent_env(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
 
 
 def agent_options(objects: tuple[dict[str, Any], ...]) -> RunOptions:
-    return RunOptions(env=agent_env(objects), fake_hardware="t4x4")
+    return resolve_options(env=agent_env(objects), fake_hardware="t4x4")
 
 
 def render(config: dict[str, Any]) -> dict[str, str]:
@@ -161,10 +162,9 @@ async def test_the_running_agent_follows_a_helm_upgrade_of_config_default() -> N
         api.put_config_map(meta["namespace"], meta["name"], data, meta.get("annotations"))
 
     install(first)
-    deps = node_deps(agent_options(tuple(chart_tool().objects(first))), api)
-    assert deps.manager is not None
+    node = build_node(agent_options(tuple(chart_tool().objects(first))), api)
     applied: asyncio.Queue[object] = asyncio.Queue()
-    manager = deps.manager(applied.put)
+    manager = node.deps.config(applied.put)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

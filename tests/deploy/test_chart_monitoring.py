@@ -22,7 +22,7 @@ import yaml
 from chart_kit import CHART, NAMESPACE, RELEASE, VALUE_SETS, container, env, rendered, the, tool
 
 from gpuslice.config.flags import FLAGS_BY_NAME
-from gpuslice.core.watchdog import parse_budgets
+from gpuslice.config.options import parse_budgets
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))  # the scraped-agent harness

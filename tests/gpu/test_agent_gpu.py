@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpuslice.adapters.nvml import NvmlBackend
+from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
-from gpuslice.services.agent import Agent
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, agent_deps
+from gpuslice.wiring import build_node
 
 pytestmark = pytest.mark.gpu
 GPU = "nvidia.com/gpu"
@@ -52,10 +52,8 @@ Running = tuple[asyncio.Task[None], asyncio.Event]
 async def _serve(workdir: str, config: str, kubelet: KubeletStandin, want: int) -> Running:
     cfg = Path(workdir) / "config.yaml"
     cfg.write_text(config)
-    opts = RunOptions(
-        cli_values={"config-file": str(cfg), "kubelet-socket": f"{workdir}/kubelet.sock"}
-    )
-    agent = Agent(agent_deps(opts))
+    opts = resolve_options({"config-file": str(cfg), "kubelet-socket": f"{workdir}/kubelet.sock"})
+    agent = build_node(opts, None)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     await kubelet.wait_for(lambda k: len(k.devices(GPU)) == want, 15)

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from gpuslice.adapters.nvml import NvmlBackend
+from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
-from gpuslice.services.agent import Agent
+from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, agent_deps
+from gpuslice.wiring import build_node
 
 pytestmark = pytest.mark.gpu
 GPU = "nvidia.com/gpu"
@@ -124,8 +125,8 @@ class Agents:
     """Agents started one after another on the same config and mps-control host."""
 
     def __init__(self, workdir: Path, socket: str, config: Path) -> None:
-        self.opts = RunOptions(
-            cli_values={
+        self.opts = resolve_options(
+            {
                 "config-file": str(config),
                 "kubelet-socket": f"{workdir}/kubelet.sock",
                 "mps-control-socket": socket,
@@ -134,11 +135,11 @@ class Agents:
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
-    def start(self) -> Agent:
-        agent = Agent(agent_deps(self.opts))
+    def start(self) -> Node:
+        node = build_node(self.opts, None)
         self.stop = asyncio.Event()
-        self.task = asyncio.create_task(agent.run(self.stop))
-        return agent
+        self.task = asyncio.create_task(node.run(self.stop))
+        return node
 
     async def shutdown(self) -> None:
         if self.task is not None:

@@ -19,10 +19,17 @@ from node_harness import NAMESPACE, NODE, time_slicing
 from test_node_configmap_api import CM, Cluster, cluster, no_proxy
 
 from gpuslice.adapters.kube import KubeNodeApi
+from gpuslice.adapters.kube.bounded import MAX_ANSWER_BYTES
 from gpuslice.adapters.kube.session import MAX_EVENT_BYTES, _decode_event, _lines, make_client
 from gpuslice.adapters.kube.watch import WatchBroken, WatchGone
 from gpuslice.core.errors import BackendError
-from gpuslice.testing.apiserver import BAD_GZIP, GARBAGE, FakeApiServer, write_kubeconfig
+from gpuslice.testing.apiserver import (
+    BAD_GZIP,
+    GARBAGE,
+    GZIP_BOMB,
+    FakeApiServer,
+    write_kubeconfig,
+)
 from gpuslice.testing.kubelet import KubeletStandin
 
 from .invariant import RSS_GROWTH_LIMIT, answers_allocate, rss_bytes
@@ -51,6 +58,25 @@ async def test_a_broken_answer_to_a_read_is_a_one_line_transient_error(
     assert err.value.transient
     assert "\n" not in str(err.value)
     assert str(err.value).startswith(f"read node {NODE}: ")
+    assert await kube.node_labels(NODE) == {}  # the next answer is read as usual
+
+
+@pytest.mark.parametrize(
+    "how", [GZIP_BOMB, b" " * (MAX_ANSWER_BYTES + 1)], ids=["gzip-bomb", "over-the-bound"]
+)
+async def test_an_answer_past_the_bound_is_refused_without_growing(
+    api: tuple[FakeApiServer, KubeNodeApi], how: str | bytes
+) -> None:
+    server, kube = api
+    await kube.node_labels(NODE)  # the client's own first-use allocations
+    before = rss_bytes()
+    server.corrupt_next("GET", f"/nodes/{NODE}", how)
+    with pytest.raises(BackendError) as err:
+        await kube.node_labels(NODE)
+    assert err.value.transient
+    assert "\n" not in str(err.value)
+    assert f"over {MAX_ANSWER_BYTES} bytes" in str(err.value)
+    assert rss_bytes() - before < RSS_GROWTH_LIMIT
     assert await kube.node_labels(NODE) == {}  # the next answer is read as usual
 
 

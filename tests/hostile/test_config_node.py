@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi
+from gpuslice.config.options import resolve_options
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 from .test_config_text import BAD_TAGS, BOMB, GOOD
 
@@ -39,8 +40,8 @@ async def node(
 ) -> AsyncIterator[Node]:
     config = tmp_path / "config.yaml"
     config.write_text(first_config)
-    opts = RunOptions(
-        cli_values={
+    opts = resolve_options(
+        {
             "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
             "cdi-spec-dir": os.path.join(plugin_dir, "cdi"),
             "config-file": str(config),
@@ -50,7 +51,7 @@ async def node(
         },
         fake_hardware="t4",
     )
-    one = Node(node_deps(opts, api))
+    one = build_node(opts, api)
     stop, reload = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(one.run(stop, reload))
     try:
@@ -67,7 +68,7 @@ async def test_a_hostile_reload_is_an_event_and_a_readiness_detail(
 ) -> None:
     await kubelet.wait_for(lambda k: k.serves({GPU: 4}))
     (tmp_path / "config.yaml").write_text(text)
-    assert not await node.agent.reload()
+    assert not await node.reload()
     (event,) = api.events
     assert event.reason == "ConfigRejected"
     assert "\n" not in event.message

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from node_harness import time_slicing
 
-from gpuslice.adapters.kubelet.podresources import CHECKPOINT_MAX_BYTES, read_checkpoint
+from gpuslice.adapters.podresources import CHECKPOINT_MAX_BYTES, read_checkpoint
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import CheckpointEntry
 from gpuslice.testing.kubelet import KubeletStandin

@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.adapters.cgroups import CgroupOwners
-from gpuslice.adapters.kubelet.api import unix_target
-from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+from gpuslice.adapters.deviceplugin.api import unix_target
+from gpuslice.adapters.podresources import PodResourcesClient
+from gpuslice.config.options import DEFAULT_PLUGIN_DIR
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import ProcessOwner
-from gpuslice.wiring import DEFAULT_PLUGIN_DIR
 
 from .invariant import AgentUnderAttack
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.adapters.cdi_file import CdiSpecDir
-from gpuslice.adapters.kubelet.dirlock import HOLDER_FILE, DirLock, Holder
+from gpuslice.adapters.deviceplugin.dirlock import HOLDER_FILE, DirLock, Holder
 from gpuslice.adapters.mps import ControlCommands
 from gpuslice.adapters.mps.local import prepare_dirs
 from gpuslice.core.mps import DaemonPlan

@@ -17,9 +17,9 @@ from agent_harness import GPU, AgentLauncher, RunningAgent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuslice.adapters.kubelet.api import pb
-from gpuslice.adapters.kubelet.convert import device_list
-from gpuslice.adapters.kubelet.servicer import MAX_CONTAINER_REQUESTS
+from gpuslice.adapters.deviceplugin.api import pb
+from gpuslice.adapters.deviceplugin.convert import device_list
+from gpuslice.adapters.deviceplugin.servicer import MAX_CONTAINER_REQUESTS
 from gpuslice.core.resources import AdvertisedDevice, list_and_watch_bytes
 from gpuslice.testing.kubelet import KubeletStandin
 
@@ -190,8 +190,8 @@ async def test_a_config_the_kubelet_could_not_receive_is_refused_naming_the_limi
     running = await launcher.start(ten_mig_gpus(tmp_path), config=path)
     await kubelet.wait_for(lambda k: KubeletStandin.serves(k, {GPU: 140}), 20)
     path.write_text(config(tmp_path, REPLICAS).read_text())  # 71,680 replicas
-    assert not await running.agent.reload()
-    rejected = running.agent.rejected or ""
+    assert not await running.reload()
+    rejected = running.rejected or ""
     assert "\n" not in rejected
     assert "over the kubelet's 4 MiB gRPC receive limit (4194304 bytes)" in rejected
     assert "nvidia.com/gpu: 71680 devices" in rejected

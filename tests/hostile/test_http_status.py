@@ -19,8 +19,8 @@ from process_harness import AgentProcess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fake import load_spec
-from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.adapters.metrics import PrometheusMetrics
 from gpuslice.adapters.metrics.scrape import ScrapeCollector
 from gpuslice.adapters.status_http import (
@@ -33,7 +33,7 @@ from gpuslice.adapters.status_http import (
 from gpuslice.core.resources import build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
 
 from .invariant import RSS_GROWTH_LIMIT, answers_allocate, rss_bytes

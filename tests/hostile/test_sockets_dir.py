@@ -17,12 +17,12 @@ from agent_harness import GPU, AgentLauncher, is_socket, registrations, serving
 from faults_harness import eventually
 from process_harness import AgentProcess
 
+from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fake import load_spec
-from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.core.resources import build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
 
 from .invariant import answers_allocate
@@ -67,7 +67,7 @@ async def test_a_refused_agent_stopping_leaves_the_other_plugins_socket(
         await kubelet.wait_for(lambda k: serving(k, {GPU: 1}))
         theirs = os.lstat(other.socket_path)
         running = await launcher.start("t4")
-        assert running.agent.manager.registered() == {GPU: False}
+        assert running.plugin.manager.registered() == {GPU: False}
         await running.shutdown()
         now = os.lstat(other.socket_path)
         assert (now.st_ino, now.st_ctime_ns) == (theirs.st_ino, theirs.st_ctime_ns)
@@ -96,7 +96,7 @@ async def test_our_socket_replaced_by_a_dead_socket_is_served_again_at_once(
         os.rename(dead.getsockname(), ours)
     await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 1}), 10)
     assert os.lstat(ours).st_ino != placed
-    assert running.agent.manager.registered() == {GPU: True}
+    assert running.plugin.manager.registered() == {GPU: True}
     await answers_allocate(kubelet)
 
 
@@ -117,7 +117,9 @@ async def test_our_socket_replaced_by_a_live_one_is_noticed_and_served_once_it_g
         assert await other.stdout.readline() == b"listening\n"
         intruder = os.lstat(theirs).st_ino
         os.rename(theirs, ours)  # the kubelet would now talk to the other process
-        await eventually(lambda: running.agent.manager.registered() == {GPU: False}, "stepped back")
+        await eventually(
+            lambda: running.plugin.manager.registered() == {GPU: False}, "stepped back"
+        )
         assert any(e["event"] == "plugin_socket_in_use" for e in logged)
         assert os.lstat(ours).st_ino == intruder  # left alone while it answers
     finally:

@@ -1,8 +1,10 @@
 """The whole agent, wired as `gpuslice run` wires it, on simulated hardware.
 
-AgentLauncher starts services.agent.Agent from wiring.agent_deps(RunOptions(...))
-against the kubelet stand-in's directory; RunningAgent is one such agent with
-what tests need to drive and observe it. Every wait is on a condition.
+AgentLauncher starts the node `gpuslice run --config-file` builds (wiring.build_node:
+the config manager over the one config file, the agent, the node's device state and
+the device-plugin front-end), with the parts a test may swap (wiring.Parts), against
+the kubelet stand-in's directory; RunningAgent is one such node with what tests need to
+drive and observe it. Every wait is on a condition.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gpuslice.config.options import RunOptions, resolve_options
 from gpuslice.core.devices import physical_id
-from gpuslice.services.agent import Agent, AgentDeps
+from gpuslice.frontends.deviceplugin import DevicePluginFrontEnd
+from gpuslice.services.agent import Agent
+from gpuslice.services.node import Node
+from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, agent_deps
+from gpuslice.wiring import Parts, build_node, device_plugin_of, parts
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -61,9 +67,9 @@ def pod_resources_socket(plugin_dir: str) -> str:
 
 def one_node_options(plugin_dir: str, config: str | os.PathLike[str]) -> RunOptions:
     """`gpuslice run --config-file CONFIG` on node-1 of a cluster, simulating a t4x4, no
-    labels: for a Node built with wiring.node_deps around a stand-in API."""
-    return RunOptions(
-        cli_values={
+    labels: for a node built with wiring.build_node around a stand-in API."""
+    return resolve_options(
+        {
             "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
             "config-file": str(config),
             "node-name": "node-1",
@@ -85,7 +91,7 @@ def is_socket(path: str) -> bool:
 
 @dataclass
 class RunningAgent:
-    agent: Agent
+    node: Node
     opts: RunOptions
     plugin_dir: str
     events_path: str
@@ -95,15 +101,36 @@ class RunningAgent:
     _stopped: bool = field(default=False, repr=False)
 
     @property
+    def agent(self) -> Agent:
+        return self.node.agent
+
+    @property
+    def devices(self) -> NodeDevices:
+        return self.node.devices
+
+    @property
+    def plugin(self) -> DevicePluginFrontEnd:
+        return device_plugin_of(self.node)
+
+    async def reload(self) -> bool:
+        """What SIGHUP does: read the config file again; False when it was refused."""
+        return await self.node.reload()
+
+    @property
+    def rejected(self) -> str | None:
+        """Why the last reload was refused, until one is not."""
+        return self.node.manager.rejected
+
+    @property
     def served(self) -> dict[str, int]:
         """resource -> device count, as the agent serves them now."""
-        return {name: len(h.devices()) for name, h in self.agent.manager.handlers.items()}
+        return {name: len(h.devices()) for name, h in self.plugin.manager.handlers.items()}
 
     def socket(self, name: str) -> str:
         return os.path.join(self.plugin_dir, name)
 
     def gpu_uuid(self, index: int) -> str:
-        return self.agent.snapshot.gpus[index].uuid
+        return self.devices.snapshot.gpus[index].uuid
 
     async def registered(self, kubelet: KubeletStandin, timeout_s: float = 5.0) -> None:
         """Wait until the stand-in streams every resource the agent serves, all healthy."""
@@ -165,9 +192,9 @@ class AgentLauncher:
         if config is not None:
             cli["config-file"] = str(config)
         cli.update(flags or {})
-        return RunOptions(
-            cli_values=cli,
-            env=dict(env or {}),
+        return resolve_options(
+            cli,
+            dict(env or {}),
             config_name=config_name,
             fake_hardware=hardware,
             fake_events=os.path.join(self.plugin_dir, "events.jsonl"),
@@ -182,20 +209,20 @@ class AgentLauncher:
         flags: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         wait_ready: bool = True,
-        change: Callable[[AgentDeps], AgentDeps] | None = None,
+        change: Callable[[Parts], Parts] | None = None,
     ) -> RunningAgent:
-        """Run an agent wired as `gpuslice run` wires it (`change` may swap parts)."""
+        """Run a node wired as `gpuslice run` wires it (`change` may swap parts)."""
         opts = self.options(hardware, config=config, config_name=config_name, flags=flags, env=env)
         assert opts.fake_events is not None
         # The simulated backend holds its events file open from the start (to follow a
         # rotation), so that descriptor is there before any census a test takes.
         os.close(os.open(opts.fake_events, os.O_WRONLY | os.O_CREAT, 0o644))
-        deps = agent_deps(opts)
-        agent = Agent(change(deps) if change else deps)
+        chosen = parts(opts)
+        node = build_node(opts, None, with_parts=change(chosen) if change else chosen)
         stop, reload = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(agent.run(stop, reload))
+        task = asyncio.create_task(node.run(stop, reload))
         assert opts.fake_events is not None
-        running = RunningAgent(agent, opts, self.plugin_dir, opts.fake_events, stop, reload, task)
+        running = RunningAgent(node, opts, self.plugin_dir, opts.fake_events, stop, reload, task)
         self._running.append(running)
         if wait_ready:
             await running.until_ready()

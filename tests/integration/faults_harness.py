@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 from agent_harness import AgentLauncher, RunningAgent
 
+from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
+from gpuslice.adapters.deviceplugin.server import DevicePluginServer
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
-from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import PluginEndpoint
-from gpuslice.services.agent import AgentDeps
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
+from gpuslice.wiring import Parts
 
 SETTLE_TIMEOUT_S = 5.0
 
@@ -93,7 +93,7 @@ class FaultLauncher(AgentLauncher):
 
     async def start_with(
         self,
-        change: Callable[[AgentDeps], AgentDeps],
+        change: Callable[[Parts], Parts],
         hardware: str = "t4",
         *,
         config: str | os.PathLike[str] | None = None,
@@ -144,7 +144,7 @@ class FlakyBackend(FakeBackend):
         return super().wait_event(timeout_s)
 
 
-def with_backend(backend: Callable[[], FakeBackend]) -> Callable[[AgentDeps], AgentDeps]:
+def with_backend(backend: Callable[[], FakeBackend]) -> Callable[[Parts], Parts]:
     return lambda deps: dataclasses.replace(deps, open_backend=backend)
 
 
@@ -156,12 +156,12 @@ async def end_grpc_server(server: DevicePluginServer) -> None:
     await grpc_server.stop(None)
 
 
-def recorded_endpoints(endpoints: dict[str, KubeletEndpoint]) -> Callable[[AgentDeps], AgentDeps]:
+def recorded_endpoints(endpoints: dict[str, KubeletEndpoint]) -> Callable[[Parts], Parts]:
     """Serve through the endpoints `gpuslice run` builds, keeping the latest one of
     each resource in `endpoints` so a test can reach its server."""
 
-    def change(deps: AgentDeps) -> AgentDeps:
-        build = deps.endpoint_factory
+    def change(deps: Parts) -> Parts:
+        build = deps.endpoint
 
         def factory(handler: ResourceHandler) -> PluginEndpoint:
             endpoint = build(handler)
@@ -169,7 +169,7 @@ def recorded_endpoints(endpoints: dict[str, KubeletEndpoint]) -> Callable[[Agent
             endpoints[handler.resource_name] = endpoint
             return endpoint
 
-        return dataclasses.replace(deps, endpoint_factory=factory)
+        return dataclasses.replace(deps, endpoint=factory)
 
     return change
 

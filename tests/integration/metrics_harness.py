@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.adapters.kube.rbac import RULES
 from gpuslice.core.selection import DEFAULT_LABEL
-from gpuslice.demo import write_configmap_volume
 from gpuslice.testing.apiserver import FakeApiServer, Grant, write_kubeconfig
+from gpuslice.testing.configmap import write_configmap_volume
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")

@@ -15,17 +15,17 @@ from pathlib import Path
 from agent_harness import STOP_TIMEOUT_S, shutdown_all
 
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.adapters.nfd_file import parse
+from gpuslice.config.options import RunOptions, resolve_options
 from gpuslice.config.settings import Settings
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import GpuBackend, LabelSink
 from gpuslice.core.selection import DEFAULT_LABEL
-from gpuslice.demo import write_configmap_volume
-from gpuslice.services.agent import AgentDeps
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.node import Node
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.configmap import write_configmap_volume
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import Parts, build_node, device_plugin_of, parts
 
 NODE = "gpu-node-7"
 NAMESPACE = "gpu-operator"
@@ -86,9 +86,9 @@ class GatedOpen:
         self._timeout_s = timeout_s
         self._events: str | None = None
 
-    def install(self, deps: AgentDeps) -> AgentDeps:
-        self._events = os.path.join(deps.plugin_dir, "events.jsonl")
-        return dataclasses.replace(deps, open_backend=self._open)
+    def install(self, chosen: Parts) -> Parts:
+        self._events = os.path.join(chosen.plugin_dir, "events.jsonl")
+        return dataclasses.replace(chosen, open_backend=self._open)
 
     def _open(self) -> GpuBackend:  # on the agent's worker thread
         self.opening.set()
@@ -120,7 +120,8 @@ class RunningNode:
 
     @property
     def served(self) -> dict[str, int]:
-        return {n: len(h.devices()) for n, h in self.node.agent.manager.handlers.items()}
+        handlers = device_plugin_of(self.node).manager.handlers
+        return {n: len(h.devices()) for n, h in handlers.items()}
 
     def set_label(self, value: str | None) -> None:
         """What `kubectl label node ... nvidia.com/device-plugin.config=<value>` does."""
@@ -188,7 +189,7 @@ class NodeLauncher:
         flags: Mapping[str, str] | None = None,
         api: MemoryNodeApi | None = None,
         wait_ready: bool = True,
-        change: Callable[[AgentDeps], AgentDeps] | None = None,
+        change: Callable[[Parts], Parts] | None = None,
     ) -> RunningNode:
         directory = self.work / f"configs-{len(self._running)}"
         directory.mkdir()
@@ -202,14 +203,14 @@ class NodeLauncher:
             **({"default-config": default} if default else {}),
             **(flags or {}),
         }
-        opts = RunOptions(
-            cli_values=cli,
+        opts = resolve_options(
+            cli,
             fake_hardware=hardware,
             fake_events=os.path.join(self.plugin_dir, "events.jsonl"),
         )
-        deps = node_deps(opts, api)
-        if change is not None:
-            deps = dataclasses.replace(deps, agent=change(deps.agent))
+        chosen = parts(opts)
+        built = build_node(opts, api, with_parts=change(chosen) if change else chosen)
+        deps = built.deps
         sink = None
         if deps.labels is not None:
             (inner,) = deps.labels.sinks

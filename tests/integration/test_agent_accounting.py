@@ -13,12 +13,12 @@ import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent
 
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.adapters.kubelet.podresources import PodResourcesClient
+from gpuslice.adapters.podresources import PodResourcesClient
 from gpuslice.core.attribution import NO_POD, ContainerUsage
 from gpuslice.core.devices import physical_id
-from gpuslice.services.agent import AgentDeps
 from gpuslice.services.sampler import Sampler
 from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.wiring import Parts
 
 MIB = 1024 * 1024
 
@@ -43,8 +43,8 @@ class Node:
 
     def __init__(self, running: RunningAgent, backend: FakeBackend, pods: PodResourcesClient):
         self.running = running
-        agent = running.agent
-        self.sampler = Sampler(agent.on_backend, lambda: agent.snapshot, pods, backend)
+        devices = running.devices
+        self.sampler = Sampler(devices.on_backend, lambda: devices.snapshot, pods, backend)
 
     def process(self, **fields: object) -> None:
         self.line({"process": fields})
@@ -63,7 +63,7 @@ class Node:
 async def node(kubelet: KubeletStandin, launcher: AgentLauncher, pods: PodResourcesClient) -> Node:
     opened: list[FakeBackend] = []
 
-    def keep(deps: AgentDeps) -> AgentDeps:
+    def keep(deps: Parts) -> Parts:
         def open_backend() -> FakeBackend:
             backend = deps.open_backend()
             assert isinstance(backend, FakeBackend)
@@ -81,7 +81,7 @@ async def test_a_pods_process_is_attributed_to_its_container_while_it_runs(
     kubelet: KubeletStandin, node: Node
 ) -> None:
     (train,) = await kubelet.admit("ml/train", {"worker": {GPU: 1}})
-    gpu = node.running.agent.snapshot.gpu_by_uuid(physical_id(train.device_ids[0]))
+    gpu = node.running.devices.snapshot.gpu_by_uuid(physical_id(train.device_ids[0]))
     assert gpu is not None
     node.process(pid=4242, gpu=gpu.index, memory_mib=1200, sm_util=40, pod_uid=train.pod_uid)
     worker = (await node.usage())[("train", "worker")]

@@ -152,7 +152,7 @@ async def test_the_spec_outlives_the_agent_and_the_next_one_takes_it_over(
     await second.registered(kubelet)
     assert stamp(launcher) == written
     write_file(config, _with_strategy(time_slicing(4), "envvar"))
-    assert await second.agent.reload()
+    assert await second.reload()
     assert os.listdir(launcher.cdi_spec_dir) == []
 
 
@@ -177,13 +177,13 @@ async def test_a_reload_writes_the_spec_for_cdi_and_removes_it_for_envvar(
     assert spec_on_disk(launcher) is None
 
     write_file(config, _with_strategy(time_slicing(4), "cdi-cri"))
-    assert await running.agent.reload()
+    assert await running.reload()
     spec = spec_on_disk(launcher)
     assert spec is not None
     assert await every_answer(kubelet, running) <= qualified_names(spec)
 
     write_file(config, _with_strategy(time_slicing(4), "envvar"))
-    assert await running.agent.reload()
+    assert await running.reload()
     assert os.listdir(launcher.cdi_spec_dir) == []
 
 
@@ -200,7 +200,7 @@ async def test_a_new_mig_layout_rewrites_the_spec(
     assert len(before["devices"]) == 5
 
     write_file(config, _mig("none"))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 2}))
     after = spec_on_disk(launcher)
     assert after is not None
@@ -224,7 +224,7 @@ async def test_a_rename_or_an_unhealthy_gpu_leaves_the_spec_untouched(
     names = qualified_names(spec)
 
     write_file(config, _with_strategy(time_slicing(4, rename=True), "cdi-cri"))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {"nvidia.com/gpu.shared": 16}))
     assert await every_answer(kubelet, running) <= names
 
@@ -267,8 +267,7 @@ async def test_the_toolkits_own_devices_are_named_beside_ours(
     toolkit_spec(launcher.cdi_spec_dir, [*uuids, *map(str, range(len(uuids))), "all"])
     running = await launcher.start("t4x4", config=config)
     await running.registered(kubelet)
-    assert running.agent.cdi is not None
-    assert running.agent.cdi.toolkit_problem is None
+    assert running.devices.cdi_problem is None
     for device in sorted(kubelet.devices(GPU)):
         (answer,) = await kubelet.allocate(GPU, [[device]])
         gpu = device.split("::")[0]
@@ -295,8 +294,7 @@ async def test_a_missing_toolkit_spec_is_said_once_and_kept_for_readiness(
     config.write_text(_with_strategy(time_slicing(4), "cdi-cri"))
     running = await launcher.start("t4x4", config=config)
     await running.registered(kubelet)
-    assert running.agent.cdi is not None
-    problem = running.agent.cdi.toolkit_problem
+    problem = running.devices.cdi_problem
     assert problem is not None
     assert "\n" not in problem
     assert problem.startswith(f"no CDI spec of kind nvidia.com/gpu in {launcher.cdi_spec_dir}")

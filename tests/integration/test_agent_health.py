@@ -17,7 +17,7 @@ MIG_RESOURCES = ("nvidia.com/mig-1g.5gb", "nvidia.com/mig-2g.10gb", "nvidia.com/
 
 def _parent(running: RunningAgent) -> dict[str, str]:
     """Device (GPU or MIG) UUID -> the physical GPU that holds it."""
-    gpus = running.agent.snapshot.gpus
+    gpus = running.devices.snapshot.gpus
     return {m.uuid: g.uuid for g in gpus for m in g.mig_devices} | {g.uuid: g.uuid for g in gpus}
 
 

@@ -135,7 +135,7 @@ async def test_deleted_plugin_socket_is_served_again_and_re_registered(
     await _assert_no_more_registrations(kubelet, len(kubelet.registrations))
     assert kubelet.stale_streams == []
     (admitted,) = await kubelet.admit("after", {"main": {GPU: 1}})
-    assert gpus_of(admitted.device_ids) <= {g.uuid for g in running.agent.snapshot.gpus}
+    assert gpus_of(admitted.device_ids) <= {g.uuid for g in running.devices.snapshot.gpus}
 
 
 async def test_agent_started_before_the_kubelet_registers_as_soon_as_it_appears(
@@ -146,7 +146,7 @@ async def test_agent_started_before_the_kubelet_registers_as_soon_as_it_appears(
     appearing: driven by the directory watch, not by a retry timer."""
     running = await launcher.start("t4x4", config=EXAMPLES / "time-slicing.yaml")
     assert is_socket(running.socket("nvidia-gpu.sock"))
-    assert running.agent.manager.registered() == {GPU: False}
+    assert running.plugin.manager.registered() == {GPU: False}
 
     async with KubeletStandin(plugin_dir) as kubelet:
         started = time.monotonic()

@@ -42,7 +42,7 @@ async def _full_cycle() -> None:
             await kubelet.wait_for(lambda k: _streaming_after(k, 2))
             os.unlink(running.socket("nvidia-gpu.sock"))
             await kubelet.wait_for(lambda k: _streaming_after(k, 3))
-            assert await running.agent.reload()
+            assert await running.reload()
             await launcher.close()
             assert not [n for n in os.listdir(plugin_dir) if n.startswith("nvidia-")]
     finally:

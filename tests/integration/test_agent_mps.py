@@ -30,14 +30,12 @@ from mps_harness import (
 )
 from process_harness import AgentProcess, run_once
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.core.response import Mount
-from gpuslice.services.agent import AgentDeps
 from gpuslice.services.mps import MpsDaemons
-from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.mps_client import LOST, REFUSED, SimulatedClient
-from gpuslice.wiring import node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 POLL_S = 0.05  # how often a retiring daemon's clients are counted here
 
@@ -53,10 +51,11 @@ async def host(root: Path, plugin_dir: str) -> AsyncIterator[AgentProcess]:
         yield process
 
 
-def fast_polls(deps: AgentDeps) -> AgentDeps:
-    assert deps.mps is not None
-    deps.mps.poll_s = POLL_S
-    return deps
+def fast_polls(running: RunningAgent) -> RunningAgent:
+    mps = running.devices.mps
+    assert mps is not None
+    mps.poll_s = POLL_S
+    return running
 
 
 async def start_mps(
@@ -65,7 +64,7 @@ async def start_mps(
     config = root.parent / "mps.yaml"
     config.write_text(text or mps_config(root))
     flags = {"mps-control-socket": os.path.join(launcher.plugin_dir, "mps.sock")} if hosted else {}
-    return await launcher.start("t4x4", config=config, flags=flags, change=fast_polls)
+    return fast_polls(await launcher.start("t4x4", config=config, flags=flags))
 
 
 async def stopped_under_a_client(
@@ -83,8 +82,8 @@ async def stopped_under_a_client(
 
 
 async def reconfigure(running: RunningAgent, text: str) -> None:
-    write_file(running.opts.get("config-file"), text)
-    assert await running.agent.reload()
+    write_file(running.opts.config_file, text)
+    assert await running.reload()
 
 
 async def test_a_daemon_starts_with_its_limits_before_the_replicas_are_healthy(
@@ -96,7 +95,7 @@ async def test_a_daemon_starts_with_its_limits_before_the_replicas_are_healthy(
     running = await start_mps(launcher, root)
     await kubelet.wait_for(lambda k: all_healthy(k, True))
     pipe = pipe_dir(root)
-    gpus = running.agent.snapshot.gpus
+    gpus = running.devices.snapshot.gpus
     assert recorded_gpus(root) == [g.uuid for g in gpus]
     client = await connect(root)
     assert client.limits["threads"] == 25.0
@@ -128,8 +127,8 @@ async def test_an_agent_restart_leaves_the_daemon_and_its_clients_alone(
 
     second = await start_mps(launcher, root, hosted=True)
     await kubelet.wait_for(lambda k: all_healthy(k, True))
-    assert second.agent.mps is not None
-    assert second.agent.mps.status() == {GPU: "running"}
+    assert second.devices.mps is not None
+    assert second.devices.mps.status() == {GPU: "running"}
     assert daemon_pid(pipe_dir(root)) == pid
     assert client.running
     late = await connect(root)
@@ -151,9 +150,9 @@ async def test_a_restarted_agent_retires_a_daemon_no_config_wants_once_its_clien
         "mps-control-socket": os.path.join(launcher.plugin_dir, "mps.sock"),
         "mps-root": str(root),
     }
-    second = await launcher.start("t4x4", config=ts, flags=flags, change=fast_polls)
+    second = fast_polls(await launcher.start("t4x4", config=ts, flags=flags))
     await second.registered(kubelet)
-    mps = second.agent.mps
+    mps = second.devices.mps
     assert mps is not None
     await settled(mps, lambda: mps.status() == {GPU: "waiting"})
     assert mps.waiting == {}  # nothing is withheld: no config wants its replicas
@@ -180,7 +179,7 @@ async def test_a_replica_change_with_clients_connected_sets_new_limits_without_a
     assert daemon_pid(pipe_dir(root)) == pid
     assert client.running
     newer = await connect(root)
-    memory = running.agent.snapshot.gpus[0].memory_mib
+    memory = running.devices.snapshot.gpus[0].memory_mib
     assert newer.limits["threads"] == 50.0
     assert newer.limits["pinned"]["0"] == f"{memory // 2}M"
     assert newer.limits["server"] == client.limits["server"]
@@ -203,8 +202,8 @@ async def test_a_gpu_change_waits_for_the_clients_with_the_new_replicas_withheld
     config = root.parent / "mps.yaml"
     config.write_text(mps_config(root, rename=SHARED))
     api = MemoryNodeApi({"node-1": {}})
-    node = Node(node_deps(one_node_options(plugin_dir, config), api))
-    mps = node.agent.mps
+    node = build_node(one_node_options(plugin_dir, config), api)
+    mps = node.devices.mps
     assert mps is not None
     mps.poll_s = POLL_S
     stop = asyncio.Event()
@@ -216,7 +215,7 @@ async def test_a_gpu_change_waits_for_the_clients_with_the_new_replicas_withheld
         client = await connect(root, SHARED)
 
         write_file(config, mps_config(root, devices='["0", "1"]', rename=SHARED))
-        assert await asyncio.wait_for(node.agent.reload(), 5.0)  # never waits for clients
+        assert await asyncio.wait_for(node.reload(), 5.0)  # never waits for clients
         await kubelet.wait_for(lambda k: all_healthy(k, False, count=8, resource=SHARED))
         await settled(mps, lambda: SHARED in mps.waiting)
         ready, details = node.readiness()
@@ -231,7 +230,7 @@ async def test_a_gpu_change_waits_for_the_clients_with_the_new_replicas_withheld
         assert await client.leave() == 0
         await kubelet.wait_for(lambda k: all_healthy(k, True, count=8, resource=SHARED))
         assert daemon_pid(pipe) not in (None, old)
-        gpus = node.agent.snapshot.gpus
+        gpus = node.devices.snapshot.gpus
         assert recorded_gpus(root, SHARED) == [gpus[0].uuid, gpus[1].uuid]
         assert node.readiness()[0]
         assert len([e for e in api.events if e.reason == "MpsDaemonWaiting"]) == 1
@@ -248,7 +247,7 @@ async def test_a_daemon_crash_with_clients_connected_is_restarted(
     limits, the replicas come back Healthy and a new client is served."""
     running = await start_mps(launcher, root, hosted=True)
     await kubelet.wait_for(lambda k: all_healthy(k, True))
-    mps = running.agent.mps
+    mps = running.devices.mps
     assert mps is not None
     gated = GatedStarts(mps.launcher)
     mps.launcher = gated
@@ -280,7 +279,7 @@ async def test_a_resource_that_goes_away_is_quit_after_its_clients_and_not_with_
     client = await connect(root)
     await reconfigure(running, TIME_SLICING)
     await kubelet.wait_for(lambda k: len(k.devices(GPU)) == 16)
-    mps = running.agent.mps
+    mps = running.devices.mps
     assert mps is not None
     await settled(mps, lambda: mps.status() == {GPU: "waiting"})
     extra = await connect(root)  # still served: no quit is sent while it has clients
@@ -320,7 +319,7 @@ async def test_an_agent_started_before_mps_control_waits_for_it(
     once `gpuslice mps-control` answers, the daemon starts and the replicas are Healthy."""
     running = await start_mps(launcher, root, hosted=True)
     await kubelet.wait_for(lambda k: all_healthy(k, False))
-    mps = running.agent.mps
+    mps = running.devices.mps
     await settled(mps, lambda: GPU in mps.waiting if mps else False)
     assert mps is not None
     assert "mps.sock does not answer" in mps.waiting[GPU]

@@ -81,13 +81,13 @@ async def test_a_live_change_relists_only_the_resources_whose_devices_changed(
     before = {name: kubelet.updates(name) for name in (GPU, SHARED, SMALL)}
 
     write_file(config, per_gpu('["2", "3"]', replicas=2))  # only gpu.shared changes
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 4, SHARED: 4, SMALL: 16}))
     assert kubelet.updates(SHARED) == before[SHARED] + 1
     assert (kubelet.updates(GPU), kubelet.updates(SMALL)) == (before[GPU], before[SMALL])
 
     write_file(config, per_gpu('["2", "3", "4"]', replicas=2))  # GPU 4 moves from gpu
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 3, SHARED: 6, SMALL: 16}))
     assert kubelet.updates(SHARED) == before[SHARED] + 2
     assert kubelet.updates(GPU) == before[GPU] + 1
@@ -100,10 +100,10 @@ async def test_a_gpu_claimed_twice_is_refused_and_the_last_good_layout_keeps_ser
     config = tmp_path / "c.yaml"
     running = await _start(kubelet, launcher, config, per_gpu('["2", "3"]'))
     write_file(config, per_gpu('["2", "6"]'))
-    assert not await running.agent.reload()
-    assert running.agent.rejected is not None
-    assert "sharing.timeSlicing.resources[1]: device 6 (" in running.agent.rejected
-    assert "already selected by sharing.timeSlicing.resources[0]" in running.agent.rejected
+    assert not await running.reload()
+    assert running.rejected is not None
+    assert "sharing.timeSlicing.resources[1]: device 6 (" in running.rejected
+    assert "already selected by sharing.timeSlicing.resources[0]" in running.rejected
     assert running.served == {GPU: 4, SHARED: 8, SMALL: 16}
 
 
@@ -124,11 +124,11 @@ async def test_a_gpu_moved_while_allocated_is_held_until_its_pod_ends(
     uuid = running.gpu_uuid
     old = await kubelet.admit("old", {"c": {GPU: 1}})
     (moved,) = gpus_of(old[0].device_ids)
-    index = next(g.index for g in running.agent.snapshot.gpus if g.uuid == moved)
+    index = next(g.index for g in running.devices.snapshot.gpus if g.uuid == moved)
 
     lists = kubelet.updates(SHARED)
     write_file(config, per_gpu(f'["1", "{index}"]', small="[7]"))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: len(k.devices(SHARED)) == 8 and len(k.devices(GPU)) == 5)
     assert kubelet.updates(SHARED) == lists + 1
     assert kubelet.allocations()["old"]["c"] == {GPU: old[0].device_ids}
@@ -142,8 +142,8 @@ async def test_a_gpu_moved_while_allocated_is_held_until_its_pod_ends(
         await kubelet.admit("late", {"c": {SHARED: 1}})  # only the held GPU is left
 
     await kubelet.release("old")
-    assert running.agent.holds is not None
-    await running.agent.holds.check(running.agent.snapshot, running.agent.resources)
+    assert running.devices.holds is not None
+    await running.devices.holds.check(running.devices.snapshot, running.devices.resources)
     await kubelet.wait_for(lambda k: health(k, SHARED, moved) == {True})
     late = await kubelet.admit("late", {"c": {SHARED: 1}})
     assert gpus_of(late[0].device_ids) == {moved}
@@ -158,7 +158,7 @@ async def test_a_config_moving_an_allocated_gpu_at_start_holds_it_from_the_first
     first = await _start(kubelet, launcher, config, per_gpu('["1"]', small="[7]"))
     old = await kubelet.admit("old", {"c": {GPU: 1}})
     (moved,) = gpus_of(old[0].device_ids)
-    index = next(g.index for g in first.agent.snapshot.gpus if g.uuid == moved)
+    index = next(g.index for g in first.devices.snapshot.gpus if g.uuid == moved)
     await first.shutdown()
 
     write_file(config, per_gpu(f'["1", "{index}"]', small="[7]"))
@@ -166,8 +166,8 @@ async def test_a_config_moving_an_allocated_gpu_at_start_holds_it_from_the_first
     await kubelet.wait_for(lambda k: len(k.devices(SHARED)) == 8)
     assert kubelet.updates(SHARED) == 1
     assert health(kubelet, SHARED, moved) == {False}
-    assert second.agent.holds is not None
-    assert second.agent.holds.held == {moved}
+    assert second.devices.holds is not None
+    assert second.devices.holds.held == {moved}
 
 
 async def test_without_pod_resources_nothing_is_held_and_serving_goes_on(
@@ -180,10 +180,10 @@ async def test_without_pod_resources_nothing_is_held_and_serving_goes_on(
         running = await _start(plain, launcher, config, per_gpu('["1"]', small="[7]"))
         await plain.admit("old", {"c": {GPU: 1}})
         write_file(config, per_gpu('["0", "1"]', small="[7]"))
-        assert await running.agent.reload()
+        assert await running.reload()
         await plain.wait_for(lambda k: serving(k, {GPU: 5, SHARED: 8, SMALL: 8}))
-    assert running.agent.holds is not None
-    assert running.agent.holds.held == frozenset()
+    assert running.devices.holds is not None
+    assert running.devices.holds.held == frozenset()
     events = [e["event"] for e in logged]
     assert events.count("pod_resources_unavailable_keeping_holds") == 1
 

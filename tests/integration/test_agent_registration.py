@@ -18,7 +18,7 @@ from agent_harness import (
 )
 from conftest import Logged
 
-from gpuslice.adapters.kubelet.api import API_VERSION
+from gpuslice.adapters.deviceplugin.api import API_VERSION
 from gpuslice.core.resources import socket_name
 from gpuslice.core.response import Mount
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
@@ -127,7 +127,7 @@ async def test_numa_topology_follows_the_profile(
         case.hardware, config=config, config_name=case.config_name, flags=case.flags
     )
     await kubelet.wait_for(lambda k: serving(k, case.expected))
-    by_uuid = {g.uuid: g for g in running.agent.snapshot.gpus}
+    by_uuid = {g.uuid: g for g in running.devices.snapshot.gpus}
     mig_parent = {m.uuid: g.uuid for g in by_uuid.values() for m in g.mig_devices}
     for name in case.expected:
         for device in kubelet.devices(name).values():

@@ -24,10 +24,9 @@ from conftest import Logged
 from faults_harness import eventually
 from node_harness import time_slicing
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi
-from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 SHARED = "nvidia.com/gpu.shared"
 
@@ -53,7 +52,7 @@ async def test_fewer_replicas_send_a_new_list_on_the_same_registration(
     updates = kubelet.updates(GPU)
 
     write_file(config, time_slicing(2))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
     assert kubelet.updates(GPU) == updates + 1
     assert registrations(kubelet) == {GPU: 1}
@@ -82,7 +81,7 @@ async def test_a_new_list_strategy_applies_to_the_next_allocate_without_a_new_li
 
     cdi = "flags:\n  plugin:\n    deviceListStrategy: cdi-cri\n"
     write_file(config, time_slicing(4).replace("sharing:", f"{cdi}sharing:"))
-    assert await running.agent.reload()
+    assert await running.reload()
     (after,) = await kubelet.allocate(GPU, [[f"{g0}::0"]])
     assert after.cdi_devices == (f"k8s.device-plugin.nvidia.com/gpu={g0}",)
     assert after.envs == {}
@@ -95,7 +94,7 @@ async def test_renaming_registers_the_new_resource_and_removes_the_old_socket(
 ) -> None:
     running = await _started(kubelet, launcher, config)
     write_file(config, time_slicing(4, rename=True))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {SHARED: 16}) and k.endpoint(GPU) is None)
     assert running.served == {SHARED: 16}
     assert registrations(kubelet) == {GPU: 1, SHARED: 1}
@@ -125,7 +124,7 @@ async def test_a_broken_config_keeps_the_last_good_one_serving(
     updates = kubelet.updates(GPU)
 
     write_file(config, broken)
-    assert await running.agent.reload() is False
+    assert await running.reload() is False
     assert running.served == {GPU: 16}
     assert serving(kubelet, {GPU: 16})
     assert kubelet.updates(GPU) == updates
@@ -133,7 +132,7 @@ async def test_a_broken_config_keeps_the_last_good_one_serving(
     assert admitted.device_ids[0] in kubelet.devices(GPU)
 
     write_file(config, time_slicing(2))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
     assert registrations(kubelet) == {GPU: 1}
 
@@ -149,7 +148,7 @@ async def test_reload_from_a_configmap_entry_keeps_the_named_entry(
     await running.registered(kubelet)
     assert running.served == {GPU: 16}
     write_file(manifest, text.replace("replicas: 4", "replicas: 2"))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
 
 
@@ -160,7 +159,7 @@ async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_d
     broken keeps the last good config, records a ConfigRejected Event on the Node
     and says so in /readyz's details; the next good reload clears the detail."""
     api = MemoryNodeApi({"node-1": {}})
-    node = Node(node_deps(one_node_options(plugin_dir, config), api))
+    node = build_node(one_node_options(plugin_dir, config), api)
     stop, reload = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(node.run(stop, reload))
     try:
@@ -168,7 +167,7 @@ async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_d
         assert "config" not in node.readiness()[1]
 
         write_file(config, "version: v1\nflags:\n  migStrategy: bogus\n")
-        assert not await node.agent.reload()
+        assert not await node.reload()
         (event,) = api.events
         assert (event.node, event.reason, event.type) == ("node-1", "ConfigRejected", "Warning")
         assert event.message.startswith("config rejected, keeping the last good one: ")
@@ -179,7 +178,7 @@ async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_d
         assert serving(kubelet, {GPU: 16})
 
         write_file(config, time_slicing(2))
-        assert await node.agent.reload()
+        assert await node.reload()
         await kubelet.wait_for(lambda k: serving(k, {GPU: 8}))
         assert "config" not in node.readiness()[1]
     finally:
@@ -201,19 +200,19 @@ async def test_an_emptied_config_file_keeps_the_last_good_one_until_version_v1(
     updates = kubelet.updates(GPU)
 
     write_file(config, empty)
-    assert await running.agent.reload() is False
+    assert await running.reload() is False
     assert running.served == {GPU: 16}
     assert kubelet.updates(GPU) == updates
-    assert running.agent.rejected == (
+    assert running.rejected == (
         f"config rejected, keeping the last good one: {config}: the config is empty (no "
         "content: zero bytes, whitespace or comments only), most likely a truncated write; "
         "write `version: v1` to serve the defaults on purpose"
     )
 
     write_file(config, "version: v1\n")
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
-    assert running.agent.rejected is None
+    assert running.rejected is None
 
 
 async def test_an_empty_file_at_start_serves_the_defaults_and_may_stay_empty(
@@ -227,9 +226,9 @@ async def test_an_empty_file_at_start_serves_the_defaults_and_may_stay_empty(
     assert running.served == {GPU: 4}
 
     write_file(config, "# nothing yet\n")
-    assert await running.agent.reload()
+    assert await running.reload()
     write_file(config, time_slicing(4))
-    assert await running.agent.reload()
+    assert await running.reload()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 16}))
 
 
@@ -239,7 +238,7 @@ async def test_an_emptied_file_on_sighup_is_an_event_and_a_readiness_detail(
     """Through the reload event SIGHUP sets, in a cluster: the ConfigRejected Event on the
     Node and /readyz's detail say the empty file was refused."""
     api = MemoryNodeApi({"node-1": {}})
-    node = Node(node_deps(one_node_options(plugin_dir, config), api))
+    node = build_node(one_node_options(plugin_dir, config), api)
     stop, reload = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(node.run(stop, reload))
     try:
@@ -264,7 +263,7 @@ async def test_a_reload_is_one_line_with_each_resource_before_and_after(
     (started,) = [e for e in logged if e["event"] == "agent_started"]
     assert (started["config"], started["gpus"]) == (str(config), "4x Tesla T4")
     write_file(config, time_slicing(8))
-    assert await running.agent.reload()
+    assert await running.reload()
     (applied,) = [e for e in logged if e["event"] == "config_applied"]
     assert applied["config"] == str(config)
     assert applied["changes"] == "nvidia.com/gpu 16 -> 32 devices"

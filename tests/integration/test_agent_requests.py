@@ -7,7 +7,7 @@ import grpc
 import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent, gpus_of
 
-from gpuslice.adapters.kubelet.api import pb
+from gpuslice.adapters.deviceplugin.api import pb
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 SHARED = "nvidia.com/gpu.shared"

@@ -22,12 +22,12 @@ import time
 from agent_harness import GPU, AgentLauncher, registrations, serving
 from process_harness import AgentProcess, clean_env
 
+from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fake import load_spec
-from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.core.resources import build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 PERIOD_S = 0.05
@@ -154,6 +154,6 @@ async def test_an_agent_the_kubelet_drops_registers_again_at_once(
     await kubelet.wait_for(lambda k: len(k.stale_streams) == 1 and registrations(k)[GPU] == 3)
     await kubelet.wait_for(lambda k: serving(k, {GPU: 4}))
     assert kubelet.endpoint(GPU) == "nvidia-gpu.sock"
-    assert running.agent.manager.server_failures == 0
-    assert running.agent.manager.registered() == {GPU: True}
+    assert running.plugin.manager.server_failures == 0
+    assert running.plugin.manager.registered() == {GPU: True}
     await kubelet.admit("pod", {"main": {GPU: 1}})

@@ -16,8 +16,8 @@ from agent_harness import EXAMPLES, GPU, AgentLauncher, gpus_of, remove_dir, sho
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpuslice.adapters.kubelet.api import pb, pb_grpc, unix_target
-from gpuslice.adapters.kubelet.servicer import MAX_DETAIL_CHARS
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.servicer import MAX_DETAIL_CHARS
 from gpuslice.testing.kubelet import KubeletStandin
 
 FUZZ = settings(

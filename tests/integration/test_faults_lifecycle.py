@@ -23,7 +23,7 @@ from agent_harness import (
 )
 from faults_harness import Census, FaultLauncher, no_leaks, summary_ms
 
-from gpuslice.adapters.kubelet.api import pb
+from gpuslice.adapters.deviceplugin.api import pb
 from gpuslice.core.resources import socket_name
 from gpuslice.testing.kubelet import KubeletStandin
 
@@ -41,7 +41,7 @@ async def _settled(kubelet: KubeletStandin, running: RunningAgent) -> None:
     with pytest.raises(TimeoutError):
         await kubelet.wait_for(lambda k: len(k.registrations) > seen, SETTLE_WINDOW_S)
     assert serving(kubelet, want)
-    assert all(running.agent.manager.registered().values())
+    assert all(running.plugin.manager.registered().values())
     last = {r.resource: r for r in kubelet.registrations}
     assert all(last[n].accepted for n in want), last
     assert kubelet.stale_streams == []
@@ -133,7 +133,7 @@ async def test_a_socket_deleted_while_the_kubelet_is_away_is_served_at_once_and_
     while not is_socket(path):  # no event says "the agent bound its socket again"
         assert time.monotonic() < deadline, "socket not re-created"
         await asyncio.sleep(0.01)
-    assert running.agent.manager.registered() == {"nvidia.com/gpu": False}
+    assert running.plugin.manager.registered() == {"nvidia.com/gpu": False}
 
     await kubelet.start()
     await _settled(kubelet, running)
@@ -179,5 +179,5 @@ async def test_a_socket_deleted_while_its_register_call_is_in_flight_is_register
         print(f"socket deleted during Register -> registered anew in {elapsed * 1000:.0f} ms")
         assert elapsed < 1.0  # a dial of the deleted socket would have taken 5 s
         assert is_socket(path)
-        assert running.agent.manager.registered() == {GPU: True}
+        assert running.plugin.manager.registered() == {GPU: True}
         await running.shutdown()

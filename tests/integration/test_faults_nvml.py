@@ -6,6 +6,7 @@ every GPU until each answers a probe."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -25,8 +26,8 @@ from faults_harness import (
 from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.errors import BackendError
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.agent import AgentDeps
 from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.wiring import Parts
 
 FAST_RECOVERY = {"GPUSLICE_HEALTH_HOLDDOWN": "50ms", "GPUSLICE_HEALTH_MAX_FLAPS": "100"}
 
@@ -53,10 +54,10 @@ async def test_a_failing_snapshot_keeps_the_resources_served_and_reload_keeps_th
     before = Census.take()
     backend.snapshot_fails.set()
 
-    assert not await running.agent.reload()
+    assert not await running.reload()
     (entry,) = [e for e in logged if e["event"] == "hardware_unreadable_keeping_last_good"]
     assert "nvmlDeviceGetCount failed" in entry["error"]
-    unshared = dataclasses.replace(running.agent.settings, resources=ResourceSettings())
+    unshared = dataclasses.replace(running.devices.settings, resources=ResourceSettings())
     with pytest.raises(BackendError):
         await running.agent.apply_settings(unshared)  # e.g. the config manager's new config
     assert running.served == {GPU: 16}
@@ -115,7 +116,7 @@ def _failing_open() -> FlakyBackend:
     raise BackendError("NVML did not initialise (NVML Shared Library Not Found)")
 
 
-def _no_nvml(deps: AgentDeps) -> AgentDeps:
+def _no_nvml(deps: Parts) -> Parts:
     return dataclasses.replace(deps, open_backend=_failing_open)
 
 
@@ -124,6 +125,8 @@ async def test_nvml_init_failure_with_fail_on_init_error_stops_the_agent(
 ) -> None:
     before = Census.take()
     running = await faults.start_with(_no_nvml, "t4x4", wait_ready=False)
+    await asyncio.wait({running.task}, timeout=10)  # it stops on its own
+    assert running.task.done()
     with pytest.raises(BackendError, match="NVML did not initialise"):
         await running.shutdown()
     await no_leaks(before)

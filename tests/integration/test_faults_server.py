@@ -28,16 +28,17 @@ from faults_harness import (
     summary_ms,
 )
 
-from gpuslice.adapters.kubelet.endpoint import KubeletEndpoint
-from gpuslice.adapters.kubelet.server import DevicePluginServer, ServerError
+from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
+from gpuslice.adapters.deviceplugin.server import DevicePluginServer, ServerError
 from gpuslice.core.ports import PluginEndpoint
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
-from gpuslice.services.agent import AgentDeps, AgentTaskFailed
-from gpuslice.services.plugin_manager import PluginManager, PluginServerFailed
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.manager import PluginManager, PluginServerFailed
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
+from gpuslice.services.agent import AgentTaskFailed
 from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.wiring import Parts
 
 QUICK = RestartBudget(first_delay_s=0.01, max_delay_s=0.05)  # upstream's count, short backoff
 # Room to act between the first failed starts and the sixth.
@@ -45,9 +46,9 @@ SLOWER = RestartBudget(first_delay_s=0.05, max_delay_s=0.2)
 
 
 def _quick(
-    change: Callable[[AgentDeps], AgentDeps] | None = None, budget: RestartBudget = QUICK
-) -> Callable[..., AgentDeps]:
-    def apply(deps: AgentDeps) -> AgentDeps:
+    change: Callable[[Parts], Parts] | None = None, budget: RestartBudget = QUICK
+) -> Callable[..., Parts]:
+    def apply(deps: Parts) -> Parts:
         deps = change(deps) if change else deps
         return dataclasses.replace(deps, restart_budget=budget)
 
@@ -84,7 +85,7 @@ async def test_a_server_that_dies_is_started_again_and_re_registered(
     # the dying server's deleted socket is seen at once.
     for failures, took in zip(range(2, 5), times, strict=True):
         assert took >= min(QUICK.first_delay_s * 2 ** (failures - 1), QUICK.max_delay_s)
-    manager = running.agent.manager
+    manager = running.plugin.manager
     assert manager.server_failures == 4
     assert [e["resource"] for e in logged if e["event"] == "plugin_serving"] == [GPU] * 5
     assert [e["failures"] for e in logged if e["event"] == "plugin_server_failed"] == [1, 2, 3, 4]
@@ -142,7 +143,7 @@ async def test_a_server_that_cannot_start_again_is_retried_until_it_can(
 ) -> None:
     running, path = await _blocked(kubelet, faults)
     await kubelet.restart()  # the agent re-creates its socket and cannot
-    manager = running.agent.manager
+    manager = running.plugin.manager
     await eventually(lambda: manager.server_failures >= 2, "two failed starts")
     assert manager.registered() == {GPU: False}
 
@@ -163,7 +164,7 @@ async def test_a_server_that_never_starts_again_makes_run_raise_naming_the_path(
         await asyncio.wait_for(asyncio.shield(running.task), 5)
     print(f"server cannot start -> agent gives up in {time.monotonic() - started:.2f} s")
     assert f"cannot serve {GPU}: cannot replace {path}: Is a directory" in str(failed.value)
-    assert running.agent.manager.server_failures == 6
+    assert running.plugin.manager.server_failures == 6
     with pytest.raises(PluginServerFailed):
         await running.shutdown()
     os.rmdir(path)
@@ -372,7 +373,7 @@ async def test_a_background_task_that_fails_stops_the_agent_with_one_line(
     assert "\n" not in message
     assert (
         message
-        == "internal task Agent._watch_kubelet ended unexpectedly: RuntimeError('watch broke')"
+        == "internal task DevicePluginFrontEnd.run ended unexpectedly: RuntimeError('watch broke')"
     )
     with pytest.raises(AgentTaskFailed):
         await running.shutdown()

@@ -26,12 +26,12 @@ from agent_harness import (
 from conftest import Logged
 from process_harness import AgentProcess, clean_env
 
+from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fake import load_spec
-from gpuslice.adapters.kubelet import DevicePluginServer
 from gpuslice.core.resources import build_resources
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.testing.kubelet import KubeletStandin
 
 C_CORE_LINE = re.compile(r"^[EWID]\d{4} \d\d:\d\d:\d\d")  # gRPC's own log format
@@ -101,7 +101,7 @@ async def test_a_socket_another_plugin_serves_is_left_alone_until_that_plugin_go
     theirs = _stamp(socket_path)
 
     running = await launcher.start("t4x4", config=EXAMPLES / "time-slicing.yaml")
-    assert running.agent.manager.registered() == {GPU: False}
+    assert running.plugin.manager.registered() == {GPU: False}
     assert _stamp(socket_path) == theirs  # not deleted, not replaced
     (said,) = [e for e in logged if e["event"] == "plugin_socket_in_use"]
     assert said["resource"] == GPU
@@ -113,8 +113,8 @@ async def test_a_socket_another_plugin_serves_is_left_alone_until_that_plugin_go
     gone = time.monotonic()
     await kubelet.wait_for(lambda k: serving(k, {GPU: 16}) and registrations(k)[GPU] == 2)
     print(f"other plugin gone -> served and registered in {time.monotonic() - gone:.3f} s")
-    assert running.agent.manager.registered() == {GPU: True}
-    assert running.agent.manager.server_failures == 0
+    assert running.plugin.manager.registered() == {GPU: True}
+    assert running.plugin.manager.server_failures == 0
     assert kubelet.stale_streams == []
 
 

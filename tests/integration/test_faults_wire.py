@@ -17,9 +17,9 @@ import pytest
 from agent_harness import EXAMPLES, GPU, AgentLauncher, RunningAgent, gpus_of
 from faults_harness import Census, no_leaks, summary_ms
 
-from gpuslice.adapters.kubelet.api import pb, pb_grpc, unix_target
-from gpuslice.adapters.kubelet.server import MAX_REQUEST_BYTES
-from gpuslice.adapters.kubelet.servicer import MAX_DETAIL_CHARS
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.server import MAX_REQUEST_BYTES
+from gpuslice.adapters.deviceplugin.servicer import MAX_DETAIL_CHARS
 from gpuslice.testing.kubelet import KubeletStandin
 
 CHANNELS, CALLS_PER_CHANNEL = 50, 200

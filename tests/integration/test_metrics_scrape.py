@@ -13,7 +13,7 @@ from metrics_harness import scrape, scraped_node, value
 from node_harness import CONFIGS
 from process_harness import AgentProcess
 
-from gpuslice.demo import write_configmap_volume
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 DURATION = "gpuslice_plugin_request_duration_seconds"

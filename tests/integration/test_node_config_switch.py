@@ -6,6 +6,8 @@ node name refuses to start."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator
@@ -30,11 +32,13 @@ from node_harness import (
 
 from gpuslice import __version__, cli
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.memory import MemoryNodeApi
-from gpuslice.core.errors import ConfigError
-from gpuslice.demo import write_configmap_volume
+from gpuslice.config.options import resolve_options
+from gpuslice.core.errors import BackendError, ConfigError
+from gpuslice.core.ports import GpuBackend
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_deps
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring import build_node
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 
@@ -335,9 +339,9 @@ def test_per_node_configs_without_a_node_name_refuse_to_start(tmp_path: Path) ->
     """Without NODE_NAME the label cannot be read, and every node would silently serve
     the default config: `gpuslice run` stops with one line naming the flag and env var."""
     write_configmap_volume(str(tmp_path), CONFIGS)
-    opts = RunOptions(cli_values={"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
+    opts = resolve_options({"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
     with pytest.raises(ConfigError) as caught:
-        node_deps(opts, MemoryNodeApi())
+        build_node(opts, MemoryNodeApi())
     assert str(caught.value) == (
         f"--config-file-srcdir (CONFIG_FILE_SRCDIR) {tmp_path}: per-node configs need this "
         "node's name to read its label; set --node-name or NODE_NAME (usually from the "
@@ -354,3 +358,36 @@ def test_per_node_configs_without_a_node_name_refuse_to_start(tmp_path: Path) ->
     (line,) = result.output.splitlines()
     assert line.startswith(f"gpuslice: error: --config-file (CONFIG_FILE), a directory, {tmp_path}")
     assert "NODE_NAME" in line
+
+
+async def test_without_a_backend_and_fail_on_init_error_false_configs_settle_and_readiness_names_it(
+    kubelet: KubeletStandin, nodes: NodeLauncher, logged: Logged
+) -> None:
+    """failOnInitError=false and NVML absent: the agent advertises nothing and waits, as
+    upstream does. The config manager must not wait forever on the first config (holding
+    its lock, so that no later label or reload is read), and /readyz must name the missing
+    backend, not a config "waiting until it is served"."""
+
+    def no_nvml() -> GpuBackend:
+        raise BackendError("NVML did not initialise (NVML Shared Library Not Found)")
+
+    running = await nodes.start(
+        flags={"fail-on-init-error": "false"},
+        wait_ready=False,
+        change=lambda chosen: dataclasses.replace(chosen, open_backend=no_nvml),
+    )
+    await asyncio.wait_for(running.manager.ready.wait(), 5)  # the first config settled
+    ready, details = running.node.readiness()
+    assert not ready
+    assert details["backend"] == (
+        "the GPU backend is not available: NVML did not initialise (NVML Shared Library Not Found)"
+    )
+    assert details["config"]["config"] == "ts-4"
+
+    seen = running.manager.checks
+    running.set_label("ts-8")  # read at once: the manager is not stuck holding its lock
+    await running.checked(seen, lambda: running.manager.status.config == "ts-8")
+    assert await running.node.reload()
+    assert kubelet.registrations == []
+    assert not running.task.done()
+    assert any(e["event"] == "backend_unavailable_waiting" for e in logged)

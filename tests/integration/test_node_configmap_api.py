@@ -25,13 +25,14 @@ from agent_harness import GPU, STOP_TIMEOUT_S, registrations, serving
 from node_harness import CONFIGS, NAMESPACE, NODE, REJECTED, WITHIN_S, time_slicing
 
 from gpuslice.adapters.kube.rbac import RULES, Rule
+from gpuslice.config.options import resolve_options
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.config_source import DEFAULT_ANNOTATION
 from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, Grant, write_kubeconfig
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_api, node_deps
+from gpuslice.wiring import build_node, node_api
 
 CM = "gpuslice-configs"
 MIG_1G = "nvidia.com/mig-1g.5gb"
@@ -131,8 +132,8 @@ async def cluster_of(
     await server.start()
     server.put_node(NODE)
     server.put_config_map(NAMESPACE, CM, data, {DEFAULT_ANNOTATION: default})
-    opts = RunOptions(
-        cli_values={
+    opts = resolve_options(
+        {
             "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
             "config-map": CM,
             "node-name": NODE,
@@ -144,7 +145,7 @@ async def cluster_of(
     )
     api = node_api(opts)
     assert api is not None
-    node = Node(node_deps(opts, api))
+    node = build_node(opts, api)
     stop = asyncio.Event()
     task = asyncio.create_task(node.run(stop))
     try:
@@ -324,8 +325,8 @@ def test_configmap_mode_refuses_to_start_without_what_it_needs(
     values: dict[str, str], problem: str
 ) -> None:
     """One-line errors before anything is served."""
-    opts = RunOptions(cli_values={"config-map": CM, **values}, fake_hardware="t4")
+    opts = resolve_options({"config-map": CM, **values}, fake_hardware="t4")
     with pytest.raises(ConfigError, match=problem) as caught:
-        node_deps(opts, node_api(opts))
+        build_node(opts, node_api(opts))
     assert str(caught.value).startswith("--config-map (CONFIG_MAP) ")
     assert "\n" not in str(caught.value)

@@ -22,12 +22,13 @@ from agent_harness import GPU, STOP_TIMEOUT_S, serving
 from node_harness import CONFIGS, NAMESPACE, NODE, REJECTED, WITHIN_S
 
 from gpuslice.adapters.kube.rbac import RULES, Rule
+from gpuslice.config.options import resolve_options
 from gpuslice.core.selection import DEFAULT_LABEL
-from gpuslice.demo import write_configmap_volume
 from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, Grant, access_of, write_kubeconfig
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import RunOptions, node_api, node_deps
+from gpuslice.wiring import build_node, node_api
 
 POD = "gpuslice-x7k2p"
 FEATURE = (NAMESPACE, f"nvidia-features-for-{NODE}")
@@ -95,8 +96,8 @@ async def cluster(
     configs = tmp_path / "configs"
     configs.mkdir()
     write_configmap_volume(str(configs), CONFIGS)
-    opts = RunOptions(
-        cli_values={
+    opts = resolve_options(
+        {
             "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
             "config-file-srcdir": str(configs),
             "default-config": "ts-4",
@@ -109,7 +110,7 @@ async def cluster(
     )
     api = node_api(opts)
     assert api is not None
-    node = Node(node_deps(opts, api))
+    node = build_node(opts, api)
     stop = asyncio.Event()
     task = asyncio.create_task(node.run(stop))
     running = Cluster(server, node, stop, task)

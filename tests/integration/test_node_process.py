@@ -17,7 +17,7 @@ from agent_harness import GPU, registrations, serving
 from node_harness import CONFIGS, time_slicing
 from process_harness import AgentProcess, run_once
 
-from gpuslice.demo import write_configmap_volume
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 
 ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")

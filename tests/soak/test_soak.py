@@ -84,7 +84,7 @@ class Soak:
         self.held: deque[tuple[str, tuple[str, ...]]] = deque()
         self.allocates = 0
         self.timings = Timings()
-        handlers = running.agent.manager.handlers
+        handlers = running.plugin.manager.handlers
         self.behind = {  # device ID -> (its GPU's UUID, its physical GPU or MIG UUID)
             d.id: (d.gpu_uuid, d.physical_id) for h in handlers.values() for d, _ in h.devices()
         }
@@ -105,11 +105,11 @@ class Soak:
         return True
 
     def _ids(self, name: str) -> set[str]:
-        return {d.id for d, _ in self.running.agent.manager.handlers[name].devices()}
+        return {d.id for d, _ in self.running.plugin.manager.handlers[name].devices()}
 
     async def inject_fault(self) -> None:
         """Recover one marked GPU, or mark a GPU or one MIG device (XID 94, transient)."""
-        gpus = self.running.agent.snapshot.gpus
+        gpus = self.running.devices.snapshot.gpus
         if len(self.marked) >= MAX_MARKED or (self.marked and self.rng.random() < 0.5):
             gpu = self.rng.choice([g for g in gpus if self._touches(g.uuid)])
             self.running.inject(gpu=gpu.index, recovered=True)
@@ -127,7 +127,7 @@ class Soak:
         await self._reflected(self.timings.marked)
 
     def _touches(self, gpu_uuid: str) -> bool:
-        gpu = self.running.agent.snapshot.gpu_by_uuid(gpu_uuid)
+        gpu = self.running.devices.snapshot.gpu_by_uuid(gpu_uuid)
         assert gpu is not None
         return bool(self.marked & {gpu.uuid, *(m.uuid for m in gpu.mig_devices)})
 

@@ -21,7 +21,7 @@ class Absent(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in HEAVY:
             raise ImportError(name + " is not in the runtime image")
 sys.meta_path.insert(0, Absent())
-import gpuslice.cli, gpuslice.wiring, gpuslice.services.agent, gpuslice.adapters.kubelet.server
+import gpuslice.cli, gpuslice.wiring, gpuslice.services.agent, gpuslice.adapters.deviceplugin.server
 rss = 0
 with open("/proc/self/status") as f:
     for line in f:
@@ -59,6 +59,7 @@ ONLY_WHEN_USED = (
     "gpuslice.adapters.status_http",
     "gpuslice.adapters.metrics",
     "prometheus_client",
+    "gpuslice.testing",
 )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -10,17 +10,18 @@ from gpuslice.config.checks import show
 from gpuslice.config.flags import with_defaults
 from gpuslice.config.load_rules import superseded
 from gpuslice.config.v1 import Config, Devices
-from gpuslice.core.container_spec import usable_imex_channels
-from gpuslice.core.errors import ConfigError
+from gpuslice.core.container_spec import IMEX_CHANNEL_DEV
+from gpuslice.core.errors import ConfigError, HardwareError
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import MIG_MIXED, MPS, ReplicaRule, ResourceSettings, SharingPlan
 
 T = TypeVar("T")
 
 
-def resource_settings(config: Config) -> ResourceSettings:
-    """MIG strategy and replica rules: what build_resources needs from the config."""
-    config = with_defaults(config)
+def resource_settings(config: Config, *, complete: bool = False) -> ResourceSettings:
+    """MIG strategy and replica rules: what build_resources needs from the config
+    (`complete`: every flag already set, as config.flags.apply_flags leaves it)."""
+    config = config if complete else with_defaults(config)
     sharing = config.sharing
     block = sharing.replicated
     entries = block.resources if block else ()
@@ -34,9 +35,9 @@ def resource_settings(config: Config) -> ResourceSettings:
     return ResourceSettings(_set(config.flags.mig_strategy), plan)
 
 
-def allocate_options(config: Config) -> AllocateOptions:
+def allocate_options(config: Config, *, complete: bool = False) -> AllocateOptions:
     """The flags that shape Allocate answers; the MPS root only while MPS is in force."""
-    config = with_defaults(config)
+    config = config if complete else with_defaults(config)
     flags, plugin = config.flags, config.flags.plugin
     return AllocateOptions(
         list_strategies=_set(plugin.list_strategies),
@@ -54,21 +55,42 @@ def allocate_options(config: Config) -> AllocateOptions:
 
 
 def plugin_options(
-    config: Config, imex_present: Collection[int]
+    config: Config, imex_present: Collection[int], *, complete: bool = False
 ) -> tuple[AllocateOptions, tuple[str, ...]]:
     """allocate_options under the device plugin's start-up rules, which GPU Feature
     Discovery does not apply, plus warnings. MPS needs mpsRoot and a MIG strategy other
     than mixed (ConfigError); a requested IMEX channel missing from `imex_present` (the
     channels whose device node exists) fails when imex.required (HardwareError) and is
     left out with a warning otherwise."""
-    config = with_defaults(config)
+    config = config if complete else with_defaults(config)
     if config.sharing.strategy == MPS:
         _check_mps(config)
-    options = allocate_options(config)
+    options = allocate_options(config, complete=True)
     channels, warnings = usable_imex_channels(
         options.imex_channel_ids, imex_present, required=bool(config.imex.required)
     )
     return replace(options, imex_channel_ids=channels), warnings
+
+
+def usable_imex_channels(
+    requested: Sequence[int], present: Collection[int], *, required: bool
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The requested IMEX channels to hand out, and warnings, as upstream decides at
+    start: a missing channel fails (HardwareError) when required, else is left out."""
+    missing = [c for c in requested if c not in present]
+    if missing and required:
+        path = IMEX_CHANNEL_DEV.format(missing[0])
+        raise HardwareError(
+            f"imex.required: IMEX channel {missing[0]} is required but {path} does not exist "
+            "on this node; start the IMEX daemon that creates it, or set imex.required "
+            "(--imex-required, IMEX_REQUIRED) to false"
+        )
+    warnings = tuple(
+        f"imex.channelIDs: {IMEX_CHANNEL_DEV.format(c)} does not exist on this node; "
+        f"channel {c} is left out of every allocation (imex.required is false)"
+        for c in missing
+    )
+    return tuple(c for c in requested if c in present), warnings
 
 
 def _check_mps(config: Config) -> None:

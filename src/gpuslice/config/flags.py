@@ -292,28 +292,79 @@ class GfdEnv(dict[str, str]):
     unprefixed names first; upstream's plugin has no GFD_ names at all."""
 
 
-def resolve(config: Config, cli_values: Mapping[str, str], env: Mapping[str, str]) -> Config:
-    """The effective config. `cli_values` holds only the flags given on the command line
-    (keys: Flag.name), as strings. Raises ConfigError naming the flag or env var."""
+@dataclass(frozen=True, slots=True)
+class FlagValues:
+    """The flags the command line and env vars give, each parsed and checked once:
+    name -> (origin, value), origin as errors name it ("--mig-strategy", "env X")."""
+
+    explicit: Mapping[str, tuple[str, FlagValue]]
+
+    def value(self, name: str) -> FlagValue:
+        """The flag's value: the one given, else its default."""
+        given = self.explicit.get(name)
+        return given[1] if given is not None else FLAGS_BY_NAME[name].default
+
+    def text(self, name: str) -> str:
+        """A string flag's value ("" when unset)."""
+        value = self.value(name)
+        return value if isinstance(value, str) else FLAGS_BY_NAME[name].default_text
+
+
+NO_FLAGS = FlagValues({})
+
+
+def read_flags(
+    cli_values: Mapping[str, str], env: Mapping[str, str], command: str | None = None
+) -> FlagValues:
+    """One pass over the table: every flag given on the command line (`cli_values`: only
+    those given, keys Flag.name, as strings) or by an env var, parsed and checked; with a
+    `command`, only the flags it takes (the env vars of others mean nothing to it).
+    Raises ConfigError naming the flag or env var."""
     unknown = sorted(set(cli_values) - FLAGS_BY_NAME.keys())
     if unknown:
         raise ValueError(f"not flags of the table: {', '.join(unknown)}")
+    explicit: dict[str, tuple[str, FlagValue]] = {}
+    for flag in FLAGS:
+        if command is not None and not flag.taken_by(command):
+            continue
+        given = _given(flag, cli_values, env)
+        if given is None:
+            continue
+        origin, text = given
+        value = _parse(flag, origin, text)
+        if flag.key is None:
+            _check_choices(flag, origin, value)
+        else:  # checked as the config file's field is
+            _put(_EMPTY, _ATTRS[flag.name], value, origin)
+        explicit[flag.name] = (origin, value)
+    return FlagValues(explicit)
+
+
+def apply_flags(config: Config, flags: FlagValues) -> Config:
+    """`config` with the given flags over its values and every unset flag at its default:
+    one pass over the table, once per config loaded. Raises ConfigError."""
     for flag in FLAGS:
         if flag.key is None:
             continue
         attrs = _ATTRS[flag.name]
-        given = _given(flag, cli_values, env)
+        given = flags.explicit.get(flag.name)
         if given is not None:
-            origin, text = given
-            config = _put(config, attrs, _parse(flag, origin, text), origin)
+            origin, value = given
+            config = _put(config, attrs, value, origin)
         elif _get(config, attrs) is None and flag.default is not None:
             config = _put(config, attrs, flag.default, "default")
     return config
 
 
+def resolve(config: Config, cli_values: Mapping[str, str], env: Mapping[str, str]) -> Config:
+    """The effective config. `cli_values` holds only the flags given on the command line
+    (keys: Flag.name), as strings. Raises ConfigError naming the flag or env var."""
+    return apply_flags(config, read_flags(cli_values, env))
+
+
 def with_defaults(config: Config) -> Config:
     """`config` with every unset flag at its built-in default (no CLI, no env)."""
-    return resolve(config, {}, {})
+    return apply_flags(config, NO_FLAGS)
 
 
 def setting(name: str, cli_values: Mapping[str, str], env: Mapping[str, str]) -> str:
@@ -326,24 +377,17 @@ def setting(name: str, cli_values: Mapping[str, str], env: Mapping[str, str]) ->
 def check_settings(cli_values: Mapping[str, str], env: Mapping[str, str]) -> dict[str, FlagValue]:
     """Every setting that is not stored in the config, parsed and checked: the value given,
     else the default. Raises ConfigError naming the flag or env var."""
-    values: dict[str, FlagValue] = {}
-    for flag in FLAGS:
-        if flag.key is not None:
-            continue
-        given = _given(flag, cli_values, env)
-        if given is None:
-            values[flag.name] = flag.default
-            continue
-        origin, text = given
-        value = _parse(flag, origin, text)
-        for item in value if isinstance(value, tuple) else (value,):
-            if flag.choices and item not in flag.choices:
-                hint = suggest(str(item), flag.choices)
-                allowed = "one of " + ", ".join(flag.choices)
-                allowed += f" (did you mean {hint}?)" if hint else ""
-                raise config_error(origin, "", f"got {show(item)}; expected {allowed}")
-        values[flag.name] = value
-    return values
+    flags = read_flags(cli_values, env)
+    return {f.name: flags.value(f.name) for f in FLAGS_BY_NAME.values() if f.key is None}
+
+
+def _check_choices(flag: Flag, origin: str, value: FlagValue) -> None:
+    for item in value if isinstance(value, tuple) else (value,):
+        if flag.choices and item not in flag.choices:
+            hint = suggest(str(item), flag.choices)
+            allowed = "one of " + ", ".join(flag.choices)
+            allowed += f" (did you mean {hint}?)" if hint else ""
+            raise config_error(origin, "", f"got {show(item)}; expected {allowed}")
 
 
 def command_env(command: str, environ: Mapping[str, str]) -> dict[str, str]:
@@ -419,6 +463,7 @@ def _fields_by_file_name(struct: Any) -> dict[str, msgspec.structs.FieldInfo]:
 
 
 _ATTRS = {f.name: _attr_path(f.key) for f in FLAGS if f.key is not None}
+_EMPTY = Config()
 
 
 def _get(config: Config, attrs: tuple[str, ...]) -> object:

@@ -1,104 +1,85 @@
 """The agent's complete effective settings: one immutable value per load.
 
 Everything the agent needs from the outside world's wishes is resolved here: the config
-file (or the per-node entry), explicit flags over env vars over the file over defaults,
-and the XID and recovery policies from the environment. Services never parse a flag or an
-env var; they receive a Settings and converge to it.
+file (or the per-node entry) with the command's flags applied once (config.flags:
+explicit flags over env vars over the file over defaults), and the XID and recovery
+policies the environment gave (config.options). Services never parse a flag or an env
+var; they receive a Settings and converge to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection
 
+from gpuslice.config.checks import duration_seconds
 from gpuslice.config.convert import allocate_options, plugin_options, resource_settings
-from gpuslice.config.flags import resolve, setting
-from gpuslice.config.health_env import recovery_from_env, xid_policy_from_env
+from gpuslice.config.flags import apply_flags
 from gpuslice.config.loader import LoadedConfig, load_config_file
+from gpuslice.config.options import RunOptions
 from gpuslice.config.summary import describe
 from gpuslice.config.v1 import Config
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.health import XidPolicy
-from gpuslice.core.health_state import RecoveryPolicy
-from gpuslice.core.response import AllocateOptions
-from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.settings import LabelSettings, Settings
+
+__all__ = ["Settings", "check_not_truncated", "load_config", "load_settings", "settings_from"]
 
 DEFAULTS_SOURCE = "(no config file: flags, env vars and defaults)"
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """What the agent serves by, and where it came from (for logs and reports)."""
-
-    resources: ResourceSettings
-    allocate: AllocateOptions
-    fail_on_init_error: bool = True
-    xid_policy: XidPolicy = field(default_factory=XidPolicy)
-    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-    name: str | None = None  # the ConfigMap entry or directory file; None for a plain file
-    source: str = ""  # a path, "path[entry]", or how the defaults were reached
-    summary: str = ""  # one line: MIG strategy, sharing, replica rules, device flags
-    warnings: tuple[str, ...] = ()
-    blank: bool = False  # the document had no content (see LoadedConfig.blank)
-
-    @property
-    def shown(self) -> str:
-        """How logs and reports name this config."""
-        return self.name or self.source or "(defaults)"
+def load_config(opts: RunOptions) -> LoadedConfig:
+    """The config file as read, before flags apply (none given: the empty config, which
+    flags, env vars and defaults fill). Raises ConfigError."""
+    if opts.config_file:
+        return load_config_file(opts.config_file, name=opts.config_name)
+    return LoadedConfig(Config(), source=DEFAULTS_SOURCE)
 
 
-def effective_config(
-    cli_values: Mapping[str, str], env: Mapping[str, str], *, config_name: str | None = None
-) -> LoadedConfig:
-    """The config file (if any) with flags and env vars applied. Raises ConfigError."""
-    path = setting("config-file", cli_values, env)
-    if path:
-        loaded = load_config_file(path, name=config_name)
-    else:
-        loaded = LoadedConfig(Config(), source=DEFAULTS_SOURCE)
-    config = resolve(loaded.config, cli_values, env)
-    return LoadedConfig(config, loaded.warnings, loaded.source, loaded.name, loaded.blank)
-
-
-def load_settings(
-    cli_values: Mapping[str, str],
-    env: Mapping[str, str],
-    *,
-    config_name: str | None = None,
-    imex_present: Collection[int] | None = None,
-) -> Settings:
+def load_settings(opts: RunOptions, *, imex_present: Collection[int] | None = None) -> Settings:
     """The settings of the config file (if any), flags and env. Raises ConfigError."""
-    loaded = effective_config(cli_values, env, config_name=config_name)
-    return settings_from(loaded, cli_values, env, imex_present=imex_present)
+    return settings_from(load_config(opts), opts, imex_present=imex_present)
 
 
 def settings_from(
     loaded: LoadedConfig,
-    cli_values: Mapping[str, str],
-    env: Mapping[str, str],
+    opts: RunOptions,
     *,
     imex_present: Collection[int] | None = None,
 ) -> Settings:
-    """The settings of one loaded config, with flags and env vars applied (resolving
-    twice is harmless: an explicit flag always wins). Raises ConfigError.
-    `imex_present` (the IMEX channels whose device node exists) is given where the
-    device plugin runs: its start-up rules apply then (convert.plugin_options)."""
-    config = resolve(loaded.config, cli_values, env)
-    allocate = allocate_options(config)
+    """The settings of one loaded config with the command's flags applied: the one
+    resolution of this load. Raises ConfigError. `imex_present` (the IMEX channels whose
+    device node exists) is given where the device plugin runs: its start-up rules apply
+    then (convert.plugin_options; HardwareError for a required channel missing)."""
+    config = apply_flags(loaded.config, opts.flags)
+    allocate = allocate_options(config, complete=True)
     plugin_warnings: tuple[str, ...] = ()
     if imex_present is not None:
-        allocate, plugin_warnings = plugin_options(config, imex_present)
+        allocate, plugin_warnings = plugin_options(config, imex_present, complete=True)
     return Settings(
-        resources=resource_settings(config),
+        resources=resource_settings(config, complete=True),
         allocate=allocate,
         fail_on_init_error=bool(config.flags.fail_on_init_error),
-        xid_policy=xid_policy_from_env(env),
-        recovery=recovery_from_env(env),
+        xid_policy=opts.xid_policy,
+        recovery=opts.recovery,
         name=loaded.name,
         source=loaded.source,
-        summary="; ".join(line.strip() for line in describe(config).splitlines()),
+        summary="; ".join(line.strip() for line in describe(config, complete=True).splitlines()),
         warnings=loaded.warnings + plugin_warnings,
         blank=loaded.blank,
+        labels=label_settings(config),
+    )
+
+
+def label_settings(config: Config) -> LabelSettings:
+    """flags.gfd of a complete config (every flag set), in core terms."""
+    flags = config.flags
+    gfd = flags.gfd
+    return LabelSettings(
+        use_node_feature_api=bool(flags.use_node_feature_api),
+        output_file=gfd.output_file or "",
+        interval_s=duration_seconds(gfd.sleep_interval or "60s"),
+        timestamps=not gfd.no_timestamp,
+        machine_type_file=gfd.machine_type_file or "",
+        oneshot=bool(gfd.oneshot),
     )
 
 

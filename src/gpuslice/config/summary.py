@@ -10,9 +10,9 @@ from gpuslice.config.flags import with_defaults
 from gpuslice.config.v1 import Config
 
 
-def describe(config: Config) -> str:
+def describe(config: Config, *, complete: bool = False) -> str:
     """A few lines: MIG strategy, sharing strategy, one line per replica rule, device flags."""
-    config = with_defaults(config)
+    config = config if complete else with_defaults(config)
     flags, plugin, sharing = config.flags, config.flags.plugin, config.sharing
     fail = "true" if sharing.fail_requests_greater_than_one else "false"
     block = sharing.replicated

@@ -4,9 +4,8 @@ device nodes, CDI names), following the selected device-list strategies."""
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
-from gpuslice.core.errors import HardwareError
 from gpuslice.core.resources import AdvertisedDevice, Resource
 from gpuslice.core.response import (
     CDI_ANNOTATIONS,
@@ -33,27 +32,6 @@ CONTROL_DEVICES = (
     "/dev/nvidia-uvm-tools",
     "/dev/nvidia-modeset",
 )
-
-
-def usable_imex_channels(
-    requested: Sequence[int], present: Collection[int], *, required: bool
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The requested IMEX channels to hand out, and warnings, as upstream decides at
-    start: a missing channel fails (HardwareError) when required, else is left out."""
-    missing = [c for c in requested if c not in present]
-    if missing and required:
-        path = IMEX_CHANNEL_DEV.format(missing[0])
-        raise HardwareError(
-            f"imex.required: IMEX channel {missing[0]} is required but {path} does not exist "
-            "on this node; start the IMEX daemon that creates it, or set imex.required "
-            "(--imex-required, IMEX_REQUIRED) to false"
-        )
-    warnings = tuple(
-        f"imex.channelIDs: {IMEX_CHANNEL_DEV.format(c)} does not exist on this node; "
-        f"channel {c} is left out of every allocation (imex.required is false)"
-        for c in missing
-    )
-    return tuple(c for c in requested if c in present), warnings
 
 
 def visible_ids(devices: Sequence[AdvertisedDevice], id_strategy: str) -> list[str]:

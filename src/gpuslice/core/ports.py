@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+import asyncio
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import GpuRef
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
-from gpuslice.core.resources import AdvertisedDevice
-from gpuslice.core.response import ContainerAllocation
+from gpuslice.core.resources import AdvertisedDevice, Resource
+from gpuslice.core.response import AllocateOptions, ContainerAllocation
+from gpuslice.core.settings import Settings
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices, ProcessOwner, ProcessSample
+
+T = TypeVar("T")
+
+# (directory, names or None for all) -> an async context yielding (name, "created" |
+# "deleted") events (adapters.fswatch.DirWatcher).
+DirEvents = AbstractAsyncContextManager[AsyncIterator[tuple[str, str]]]
+DirWatch = Callable[[str, Collection[str] | None], DirEvents]
 
 
 class GpuBackend(Protocol):
@@ -167,6 +185,10 @@ class DirectoryClaim(Protocol):
         ...
 
     def release(self) -> None: ...
+
+
+# (stop, told who it waits for) -> the claim, or None when stopped first.
+ClaimDir = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[DirectoryClaim | None]]
 
 
 @dataclass(frozen=True)
@@ -327,4 +349,175 @@ class MpsCommands(Protocol):
 
     async def quit(self, plan: DaemonPlan) -> None:
         """Ask it to end (it waits for its clients)."""
+        ...
+
+
+# --- One node, several front-ends -------------------------------------------------------
+#
+# The node's device state (services.node_devices.NodeDevices) is the one owner of what
+# the node holds: the backend and its worker thread, the hardware snapshot, the settings
+# in force, health and every other hold on a device, the CDI specs and the MPS daemons.
+# A front-end is one way of telling the kubelet about those devices (the device-plugin
+# API today; DRA next). The agent (services.agent) converges: desired settings go to the
+# node state first, then to each front-end. A new front-end is a new package under
+# gpuslice.frontends implementing FrontEnd over NodeState, plus its lines in wiring.
+
+# Told each new merged unhealthy set; returns the names of what it serves that changed.
+UnhealthyListener = Callable[[frozenset[str]], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one front-end is about to serve, as NodeState.plan_devices checked it."""
+
+    by: str  # the front-end's name
+    resources: tuple[Resource, ...]
+    allocate: AllocateOptions
+    daemons: tuple[DaemonPlan, ...] = ()  # the MPS control daemons they need
+
+
+class NodeState(Protocol):
+    """What the node state gives a front-end. One per node, shared by every front-end;
+    read and called on the event loop only. Nothing in it is specific to one front-end.
+
+    - `snapshot` and `settings`: the hardware and the settings in force, committed
+      together by the agent before it asks the front-ends to serve them;
+    - `unhealthy`: every device (GPU or MIG UUID) that must not be handed out now: health
+      (by "health") merged with every hold (`held`: by "watchdog", "moved", "mps", ...);
+    - `generation` / `wait_changed`: a number bumped on every change of the above;
+      `on_unhealthy` is told each new merged set synchronously, as it changes;
+    - `plan_devices` / `provide`: CDI specs and MPS daemons for what a front-end serves
+      (and the holds on devices still in use under another resource);
+    - `call`: a function run on the backend's one worker thread.
+    """
+
+    @property
+    def generation(self) -> int:
+        """Bumped whenever snapshot, settings, unhealthy or held change."""
+        ...
+
+    async def wait_changed(self, seen: int) -> int:
+        """Return the generation once it is not `seen` (at once if it already is not)."""
+        ...
+
+    @property
+    def snapshot(self) -> HardwareSnapshot:
+        """The hardware as last read (after the first commit)."""
+        ...
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force (after the first commit)."""
+        ...
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        """Health's marks and every hold, merged."""
+        ...
+
+    @property
+    def held(self) -> Mapping[str, frozenset[str]]:
+        """Holder -> the devices it holds Unhealthy ("health" is health's own marks)."""
+        ...
+
+    def hold(self, devices: frozenset[str], *, by: str) -> None:
+        """Hold `devices` Unhealthy on behalf of `by`, replacing what `by` held; health's
+        updates never clear a hold, and a holder never clears another's."""
+        ...
+
+    def on_unhealthy(self, listener: UnhealthyListener) -> None:
+        """Call `listener(unhealthy)` on every change of the merged set, synchronously
+        (a front-end's lists change before the change is logged)."""
+        ...
+
+    def plan_devices(
+        self,
+        by: str,
+        snapshot: HardwareSnapshot,
+        settings: Settings,
+        resources: Sequence[Resource],
+    ) -> DevicePlan:
+        """What front-end `by` serving `resources` needs from the node (the MPS daemons'
+        plans), checked before anything changes. Raises HardwareError (MPS on a
+        MIG-enabled GPU, too many clients)."""
+        ...
+
+    async def provide(self, plan: DevicePlan) -> AllocateOptions:
+        """Make `plan` true before its resources are served, for every front-end's
+        resources together: holds on devices still in use under another resource
+        (by "moved"), the CDI specs, the MPS daemons (whose GPUs are held by "mps" while
+        a daemon does not answer). Returns the allocate options to serve with (CDI adds
+        the NVIDIA Container Toolkit's device names)."""
+        ...
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """fn() on the backend's worker thread, as the node state's own calls run."""
+        ...
+
+
+class FrontEnd(Protocol):
+    """One way the kubelet learns of the node's devices (services.agent drives it).
+
+    It is given the NodeState when it is built, and reports back through `ready`,
+    `status`, `failed` and `error`. The agent calls `start` once, then `prepare` with each
+    new hardware snapshot and settings (before they are committed) and the step it returns
+    once they are, `run` beside them after the first step, `stop` at the end (also after
+    a failed start or first step) and, once the node's daemons are stopped, `release`.
+    `start` may wait (for a predecessor to let go); the agent cancels it on a stop.
+    """
+
+    @property
+    def name(self) -> str:
+        """Short and stable ("device-plugin"): readiness and log lines name it."""
+        ...
+
+    async def start(self) -> None:
+        """Begin following the outside world before anything is served (a directory
+        watch that must see a kubelet starting meanwhile)."""
+        ...
+
+    def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
+        """Check that `settings` can be served on `snapshot` and return the step that serves
+        them. Raises GpusliceError (HardwareError, ConfigError) to refuse them: nothing
+        served changes then, on any front-end."""
+        ...
+
+    async def run(self) -> None:
+        """Follow the outside world (the kubelet's sockets, ...) until cancelled. Returning
+        or raising is a crash: the agent stops and the process exits non-zero."""
+        ...
+
+    def ready(self) -> bool:
+        """Everything served is known to the kubelet (registered, published)."""
+        ...
+
+    def status(self) -> Mapping[str, object]:
+        """The readiness detail of this front-end (what /readyz shows under its name)."""
+        ...
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set once the front-end gave up (a restart budget spent); `error` says why."""
+        ...
+
+    @property
+    def error(self) -> GpusliceError | None: ...
+
+    async def stop(self) -> None:
+        """Stop serving, remove what it created for the kubelet (sockets, ...) and stop
+        following the outside world."""
+        ...
+
+    def release(self) -> None:
+        """The last call, once the node's daemons are stopped too: let go of what a
+        successor waits for (the device-plugin directory's claim)."""
+        ...
+
+
+class FrontEndStep(Protocol):
+    """What FrontEnd.prepare returns: called once the settings are committed."""
+
+    async def __call__(self) -> None:
+        """Serve the prepared settings; returns once they are served (may still raise
+        GpusliceError, reported as a refused config)."""
         ...

@@ -17,7 +17,6 @@ from enum import StrEnum
 
 from gpuslice.core.attribution import MIB, ContainerUsage
 from gpuslice.core.devices import HardwareSnapshot, is_replica
-from gpuslice.core.errors import ConfigError
 
 Key = tuple[str, str, str, str, str]  # ContainerUsage.key
 
@@ -44,25 +43,6 @@ def parse_size(text: str) -> int:
     if m is None:
         raise ValueError(text)
     return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
-
-
-def parse_budgets(text: str) -> dict[str, int]:
-    """--memory-budget: "resource=size,resource=size"; ConfigError naming the entry."""
-    out: dict[str, int] = {}
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        name, sep, size = entry.partition("=")
-        try:
-            if not sep or not name.strip():
-                raise ValueError(entry)
-            out[name.strip()] = parse_size(size)
-        except ValueError:
-            raise ConfigError(
-                f"--memory-budget (GPUSLICE_MEMORY_BUDGET): {entry!r} is not "
-                'resource=size, such as "nvidia.com/gpu.shared=10Gi"'
-            ) from None
-    return out
 
 
 @dataclass(frozen=True, slots=True)

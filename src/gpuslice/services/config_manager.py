@@ -9,6 +9,9 @@ events are folded into one read, and apply() runs only when the config actually 
 apply() returns once the config is served (the agent may still be starting), so `status`
 and the logs say what is in force, never what was merely chosen.
 
+With no label (`label=None`) the source has one config (services.config_source.FileEntries:
+the config file), read at start and again on each reload (SIGHUP); nothing is chosen.
+
 A config that fails to load, validate or apply leaves the last good one in force; that is
 logged, recorded as a Warning Event on the Node and shown by `status`. So does an empty
 document replacing one that had content (a truncated write; `version: v1` alone is the
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,7 +34,7 @@ import structlog
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.settings import check_not_truncated
 from gpuslice.config.v1 import Config
-from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.errors import BackendError, ConfigError, GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics
 from gpuslice.core.selection import (
@@ -59,6 +63,18 @@ class NodeLabelSource(Protocol):
     async def record_event(
         self, node: str, reason: str, message: str, *, warning: bool
     ) -> None: ...
+
+
+class NoCluster:
+    """The label source without a Kubernetes API: the Node reads as unlabelled, and
+    Events go nowhere (the log and readiness still say what was refused)."""
+
+    async def watch_node_labels(self, node: str) -> AsyncIterator[dict[str, str]]:
+        yield {}
+        await asyncio.Event().wait()
+
+    async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +106,7 @@ class ConfigManager(Generic[S]):
         to_settings: Callable[[LoadedConfig], S],
         apply: Callable[[S], Awaitable[None]],
         *,
-        label: str = DEFAULT_LABEL,
+        label: str | None = DEFAULT_LABEL,  # None: one config, no label (the config file)
         default: str | None = None,
         fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
         debounce_s: float = DEBOUNCE_S,
@@ -114,13 +130,16 @@ class ConfigManager(Generic[S]):
         self._choice: Choice | None = None
         self._loaded: LoadedConfig | None = None
         self._settings: S | None = None
-        self._status = ConfigStatus(None, False, f"waiting for the first read of Node {node}")
+        first = f"waiting for the first read of Node {node}" if label else "reading the config"
+        self._status = ConfigStatus(None, False, first)
         self._reported = ""  # the last rejection recorded as an Event
+        self.rejected: str | None = None  # why the last read was refused, until one is not
         self._wake = asyncio.Event()
         self._causes: set[str] = set()
         self._lock = asyncio.Lock()
         self._checks = 0
         self._checked = asyncio.Condition()
+        self._pool: ThreadPoolExecutor | None = None  # reads the entries while running
 
     @property
     def status(self) -> ConfigStatus:
@@ -161,6 +180,11 @@ class ConfigManager(Generic[S]):
             await self._checked.wait_for(lambda: self._checks != seen)
             return self._checks
 
+    @property
+    def one_config(self) -> bool:
+        """True for the config file: no label, nothing chosen."""
+        return self._label is None
+
     async def run(
         self, stop: asyncio.Event | None = None, reload: asyncio.Event | None = None
     ) -> None:
@@ -168,36 +192,39 @@ class ConfigManager(Generic[S]):
         then follow changes until `stop` is set; each set of `reload` re-reads. Changes
         seen while the first config is still being applied are read right after it."""
         stop = stop or asyncio.Event()
-        labels = self._source.watch_node_labels(self._node)
+        labels = None if self._label is None else self._source.watch_node_labels(self._node)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-config")
         try:
             async with contextlib.AsyncExitStack() as opened:
                 # The first reads may hang on a silent API server: a stop ends them.
                 entry_changes = await _unless_stopped(stop, self._open(labels, opened))
                 if entry_changes is None:
                     return
-                loops = [
-                    self._start(),
-                    self._follow_labels(labels),
-                    self._follow_entries(entry_changes),
-                    self._settle(),
-                ]
+                loops = [self._start(), self._follow_entries(entry_changes), self._settle()]
+                if labels is not None:
+                    loops.append(self._follow_labels(labels))
                 if reload is not None:
                     loops.append(self._reload_on(reload))
                 await _run_until(stop, loops)
         finally:
+            pool, self._pool = self._pool, None
+            pool.shutdown(wait=True)  # a read in flight ends first (it is bounded)
             aclose = getattr(labels, "aclose", None)
             if aclose is not None:
                 await aclose()
 
     async def _open(
-        self, labels: AsyncIterator[dict[str, str]], opened: contextlib.AsyncExitStack
+        self, labels: AsyncIterator[dict[str, str]] | None, opened: contextlib.AsyncExitStack
     ) -> AsyncIterator[str]:
-        """The entries' changes (after the source's first read) and the Node's first labels."""
+        """The entries' changes (after the source's first read) and the Node's first labels
+        (none for the config file)."""
         entry_changes = await opened.enter_async_context(self._entries.changes())
+        if labels is None:
+            return entry_changes
         first = await anext(labels, None)
         if first is None:
             raise GpusliceError(f"the watch of Node {self._node} ended before a first read")
-        self._label_value = first.get(self._label) or None
+        self._label_value = first.get(self._label or "") or None
         log.info("node_labels_read", label=self._label, value=self._label_value)
         return entry_changes
 
@@ -216,16 +243,19 @@ class ConfigManager(Generic[S]):
         async with self._lock:
             self._wanted = None
             try:
-                await self._use(*await read_config(self._read), cause)
+                await self._use(*await self._read_off_loop(), cause)
                 return True
             except GpusliceError as exc:
-                self._metrics.config_rejected(
-                    self._wanted or self._label_value or self._default or ""
-                )
+                if isinstance(exc, BackendError) and self.one_config and self._choice:
+                    # The hardware could not be read: not the config file's fault.
+                    log.error("hardware_unreadable_keeping_last_good", error=str(exc))
+                    return False
+                self._metrics.config_rejected(self._rejected_name())
                 if self._choice is None:  # nothing in force yet: the caller must see it
                     self._status = ConfigStatus(None, False, f"no config in force: {exc}")
-                    log.error("config_rejected_at_start", error=str(exc))
-                    await self._record(self._status.detail)
+                    if not self.one_config:  # the config file's error ends the command
+                        log.error("config_rejected_at_start", error=str(exc))
+                        await self._record(self._status.detail)
                     raise
                 await self._reject(exc, cause)
                 return False
@@ -234,11 +264,24 @@ class ConfigManager(Generic[S]):
                     self._checks += 1
                     self._checked.notify_all()
 
+    async def _read_off_loop(self) -> tuple[Choice, LoadedConfig]:
+        """Read on the manager's worker thread (files may block; a fresh thread outside
+        run()), bounded in time (services.off_loop)."""
+        return await read_config(self._read, executor=self._pool)
+
+    def _rejected_name(self) -> str:
+        if self.one_config:  # the file keeps its name: the one in force
+            return getattr(self._settings, "shown", "")
+        return self._wanted or self._label_value or self._default or ""
+
     def _read(self) -> tuple[Choice, LoadedConfig]:
         return self._entries.read(self._choose)
 
     def _choose(self, entries: Entries) -> tuple[Choice, LoadedConfig]:
         """Choose among the entries and load the chosen one. Raises ConfigError."""
+        if self.one_config:
+            (name,) = entries.names
+            return Choice(name, "the config file"), entries.load(name)
         if self._default and entries.default not in (None, self._default, self._ignored):
             self._ignored = entries.default
             log.warning("default_config_of_source_ignored", ignored=entries.default,
@@ -249,7 +292,7 @@ class ConfigManager(Generic[S]):
                 entries.names,
                 default=self._default or entries.default,
                 fallbacks=self._fallbacks,
-                label=self._label,
+                label=self._label or DEFAULT_LABEL,
             )
         except ConfigError as exc:  # say where the available names were looked up
             raise ConfigError(f"{exc} (configs in {entries.where})") from None
@@ -262,7 +305,7 @@ class ConfigManager(Generic[S]):
         if self._loaded is not None:
             check_not_truncated(loaded, self._loaded)
         key = (choice.name, loaded.config)
-        if key == self._applied:
+        if key == self._applied and not self.one_config:  # a SIGHUP re-reads the hardware too
             if not self._status.ok:
                 log.info("config_accepted_again", config=choice.shown, cause=cause)
             else:
@@ -274,22 +317,30 @@ class ConfigManager(Generic[S]):
             self._status = ConfigStatus(previous, False, pending)
             await self._apply(settings)
             self._applied, self._settings, self._loaded = key, settings, loaded
-            log.info(
-                "config_chosen",
-                config=choice.shown,
-                previous=previous,
-                reason=choice.reason,
-                cause=cause,
-                source=loaded.source,
-            )
+            if not self.one_config:  # the agent logs what it applied
+                log.info(
+                    "config_chosen",
+                    config=choice.shown,
+                    previous=previous,
+                    reason=choice.reason,
+                    cause=cause,
+                    source=loaded.source,
+                )
         self._choice = choice
         self._status = ConfigStatus(choice.shown, True, choice.reason)
         self._reported = ""
+        self.rejected = None
 
     async def _reject(self, exc: GpusliceError, cause: str) -> None:
         assert self._choice is not None
         serving = self._choice.shown
-        message = f"config rejected, keeping {serving}: {exc}"
+        if self.one_config:
+            message = self.rejected = f"config rejected, keeping the last good one: {exc}"
+            log.error("config_rejected_keeping_last_good", error=str(exc))
+            self._status = ConfigStatus(serving, False, message)
+            await self._record(message)
+            return
+        message = self.rejected = f"config rejected, keeping {serving}: {exc}"
         log.warning(
             "config_rejected_keeping_last_good", serving=serving, error=str(exc), cause=cause
         )
@@ -317,7 +368,7 @@ class ConfigManager(Generic[S]):
 
     async def _follow_labels(self, labels: AsyncIterator[dict[str, str]]) -> None:
         async for current in labels:
-            value = current.get(self._label) or None
+            value = current.get(self._label or "") or None
             if value != self._label_value:
                 log.info(
                     "config_label_changed", label=self._label, old=self._label_value, new=value
@@ -331,6 +382,7 @@ class ConfigManager(Generic[S]):
             self._poke(cause)
 
     async def _reload_on(self, reload: asyncio.Event) -> None:
+        await self.ready.wait()  # one asked for while the first config is applied: after it
         while True:
             await reload.wait()
             reload.clear()

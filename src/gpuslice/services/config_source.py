@@ -1,15 +1,17 @@
-"""Where the per-node configs come from: a source of named entries for the config manager.
+"""Where configs come from: a source of named entries for the config manager.
 
-Two sources, one contract: a mounted ConfigMap directory (its files, updated by the
-kubelet's `..data` symlink swap) and the ConfigMap itself, read and watched through the
-API. `changes()` opens the source (for the API, after its first full read) and yields a
-cause each time the entries or the trouble may have changed; `read(use)` hands `use` one
+Three sources, one contract: a mounted ConfigMap directory (its files, updated by the
+kubelet's `..data` symlink swap), the ConfigMap itself, read and watched through the
+API, and the one config file (`FileEntries`: one entry, read again only on reload).
+`changes()` opens the source (for the API, after its first full read) and yields a cause
+each time the entries or the trouble may have changed; `read(use)` hands `use` one
 consistent view of the entries; `trouble` says why the entries may be stale (the watch is
 failing and is retried), None when they are not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -22,8 +24,7 @@ import structlog
 
 from gpuslice.config.loader import LoadedConfig, config_dir_entries, load_config, load_config_file
 from gpuslice.core.errors import ConfigError, GpusliceError
-from gpuslice.core.ports import ConfigMapView
-from gpuslice.services.agent import DirWatch
+from gpuslice.core.ports import ConfigMapView, DirWatch
 
 log = structlog.get_logger("gpuslice.config")
 
@@ -57,6 +58,34 @@ class EntrySource(Protocol):
     def read(self, use: Callable[[Entries], T]) -> T:
         """Run `use` on the entries now; may block (files), so call it off the loop."""
         ...
+
+
+class FileEntries:
+    """The one config file (or one entry of a ConfigMap manifest, or none: flags, env vars
+    and defaults), as one entry; it changes only when read again (reload, SIGHUP)."""
+
+    trouble = None
+
+    def __init__(
+        self, where: str, load: Callable[[], LoadedConfig], *, first: LoadedConfig | None = None
+    ) -> None:
+        self.where = where  # the path, or how the defaults are reached
+        self._load = load  # reads and checks the file; raises ConfigError
+        self._first = first  # read already (at start): the first read uses it
+
+    @contextlib.asynccontextmanager
+    async def changes(self) -> AsyncIterator[AsyncIterator[str]]:
+        yield _never()
+
+    def read(self, use: Callable[[Entries], T]) -> T:
+        loaded, self._first = self._first, None
+        load = self._load if loaded is None else lambda: loaded
+        return use(Entries((self.where,), lambda _name: load(), self.where))
+
+
+async def _never() -> AsyncIterator[str]:
+    await asyncio.Event().wait()
+    yield ""  # pragma: no cover
 
 
 class ConfigMapWatch(Protocol):

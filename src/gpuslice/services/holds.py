@@ -29,7 +29,7 @@ class DeviceHolds:
     def __init__(
         self,
         pods: PodResources,
-        hold: Callable[[frozenset[str]], object],  # PluginManager.hold_unhealthy
+        hold: Callable[[frozenset[str]], object],  # NodeDevices.hold(held, by=...)
         *,
         interval_s: float = INTERVAL_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,

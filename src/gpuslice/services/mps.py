@@ -43,7 +43,7 @@ log = structlog.get_logger("gpuslice.mps")
 
 MPS_WAITING_REASON = "MpsDaemonWaiting"  # the Node Event of a replacement that waits
 
-Hold = Callable[..., object]  # PluginManager.hold_unhealthy(held, by=...)
+Hold = Callable[..., object]  # NodeDevices.hold(held, by=...)
 Notify = Callable[[str], Awaitable[None]]  # records a Node Event
 POLL_S = 5.0  # how often a retiring daemon's clients are counted
 

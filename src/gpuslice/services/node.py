@@ -1,24 +1,25 @@
-"""One node's whole agent: the device plugin, where its config comes from, and
-the node's labels, run together on one loop."""
+"""One node's whole agent: where its config comes from (the config manager), the agent
+that converges the node's devices and front-ends to it, the node's labels and
+accounting, run together on one loop."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from gpuslice.config.settings import Settings
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import LabelSink
+from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.agent import Agent, AgentDeps
+from gpuslice.services.agent import Agent
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.labeller import Labeller, snapshot_labels
+from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
 
@@ -40,68 +41,70 @@ class LabelOptions:
 
 @dataclass
 class NodeDeps:
-    agent: AgentDeps
-    # Builds the per-node config manager around the callback that applies a config.
-    manager: Callable[[Apply], ConfigManager[Settings]] | None = None
+    agent: Agent
+    # Builds the config manager (the config file, or per-node configs) around the
+    # callback that applies a config.
+    config: Callable[[Apply], ConfigManager[Settings]]
     labels: LabelOptions | None = None
-    # Builds the accounting sampler (and the memory-budget watchdog it feeds) around the agent.
-    accounting: Callable[[Agent], tuple[Sampler, Watchdog | None]] | None = None
+    # Builds the accounting sampler (and the memory-budget watchdog it feeds) over the
+    # node's devices.
+    accounting: Callable[[NodeDevices], tuple[Sampler, Watchdog | None]] | None = None
 
 
 class Node:
     def __init__(self, deps: NodeDeps) -> None:
-        self.manager = deps.manager(self._apply) if deps.manager else None
-        agent_deps = deps.agent
-        if self.manager is not None:  # it puts every config it chooses into agent.desired
-            agent_deps = dataclasses.replace(agent_deps, load_settings=None)
-        self.agent = Agent(agent_deps)
-        self.labeller = _labeller(self.agent, deps.labels) if deps.labels else None
+        self.deps = deps
+        self.agent = deps.agent
+        self.devices = deps.agent.node
+        self.manager = deps.config(self._apply)
+        self.labeller = _labeller(self.devices, deps.labels) if deps.labels else None
         self.sampler: Sampler | None = None
         self.watchdog: Watchdog | None = None
         if deps.accounting is not None:
-            self.sampler, self.watchdog = deps.accounting(self.agent)
+            self.sampler, self.watchdog = deps.accounting(self.devices)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready once every resource is served and registered and no MPS resource waits
-        for an old daemon's clients; details say why not,
-        and which config is in force (a rejected one is reported here too)."""
-        registered = self.agent.manager.registered()
-        ready = self.agent.ready.is_set() and all(registered.values())
-        details: dict[str, Any] = {"resources": registered}
-        predecessor = self.agent.waiting_for
-        if predecessor is not None:  # a successor in a rolling update: ready to take over
-            ready = True
-            details["waiting"] = (
-                f"for the agent serving the device-plugin directory now ({predecessor}) "
-                "to stop; this one serves the instant it does"
-            )
-        mps = self.agent.mps
+        """Ready once every front-end serves and is known to the kubelet, or waits to take
+        over from a predecessor (a `waiting` detail), and no MPS resource waits for an old
+        daemon's clients; details say why not, and which config is in force (a rejected
+        one is reported here too)."""
+        front_ends = self.agent.front_ends
+        details: dict[str, Any] = {}
+        for front_end in front_ends:
+            details.update(front_end.status())
+        started = self.agent.ready.is_set() or "waiting" in details
+        ready = started and all(f.ready() for f in front_ends)
+        if self.devices.unavailable is not None:
+            details["backend"] = self.devices.unavailable
+        mps = self.devices.mps
         if mps is not None and mps.daemons:  # new replicas withheld for an old daemon's clients
             waiting = mps.waiting
             ready = ready and not waiting
             details["mps"] = {"daemons": mps.status(), "waiting": waiting}
-        if self.manager is not None:
+        if not self.manager.one_config:
             details["config"] = self.manager.status.as_dict()
-        elif self.agent.rejected is not None:  # one config file, re-read on SIGHUP
-            details["config"] = {"ok": False, "detail": self.agent.rejected}
-        cdi = self.agent.cdi
-        if cdi is not None and cdi.toolkit_problem is not None:  # reported, still ready
-            details["cdi"] = {"ok": False, "detail": cdi.toolkit_problem}
+        elif self.manager.rejected is not None:  # one config file, re-read on SIGHUP
+            details["config"] = {"ok": False, "detail": self.manager.rejected}
+        cdi_problem = self.devices.cdi_problem
+        if cdi_problem is not None:  # reported, still ready
+            details["cdi"] = {"ok": False, "detail": cdi_problem}
         if self.labeller is not None:  # reported, never a reason to be unready
             details["labels"] = self.labeller.status()
         return ready, details
+
+    async def reload(self) -> bool:
+        """Read the config again now (SIGHUP); False when it was refused."""
+        return await self.manager.reload()
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
         """Serve until `stop`; each set of `reload` re-reads the config (SIGHUP)."""
         failed: GpusliceError | None = None
         try:
             async with asyncio.TaskGroup() as tasks:
-                if self.manager is not None:
-                    # Side by side: the agent serves the first config the manager chooses
-                    # and then each later one, even one chosen while the backend opens.
-                    tasks.create_task(self.manager.run(stop, reload))
-                    reload = None  # the manager owns re-reading
-                tasks.create_task(self.agent.run(stop, reload))
+                # Side by side: the agent serves the first config the manager chooses
+                # and then each later one, even one chosen while the backend opens.
+                tasks.create_task(self.manager.run(stop, reload))
+                tasks.create_task(self.agent.run(stop))
                 if self.labeller is not None:
                     tasks.create_task(self._label(stop))
                 if self.sampler is not None:
@@ -140,9 +143,9 @@ class Node:
         return not stop.is_set()
 
 
-def _labeller(agent: Agent, opts: LabelOptions) -> Labeller:
+def _labeller(devices: NodeDevices, opts: LabelOptions) -> Labeller:
     async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
-        return agent.snapshot, agent.settings.resources
+        return devices.snapshot, devices.settings.resources
 
     return Labeller(
         snapshot_labels(read, machine=opts.machine),

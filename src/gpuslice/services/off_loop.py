@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TypeVar
 
 from gpuslice.core.errors import ConfigError
@@ -17,9 +18,17 @@ T = TypeVar("T")
 READ_TIMEOUT_S = 10.0
 
 
-async def read_config(read: Callable[[], T], timeout_s: float = READ_TIMEOUT_S) -> T:
-    """read() on a worker thread. Raises what it raises, or ConfigError after `timeout_s`."""
+async def read_config(
+    read: Callable[[], T], timeout_s: float = READ_TIMEOUT_S, *, executor: Executor | None = None
+) -> T:
+    """read() on a worker thread (of `executor`, else a fresh one). Raises what it raises,
+    or ConfigError after `timeout_s`."""
+    work = (
+        asyncio.to_thread(read)
+        if executor is None
+        else asyncio.get_running_loop().run_in_executor(executor, read)
+    )
     try:
-        return await asyncio.wait_for(asyncio.to_thread(read), timeout_s)
+        return await asyncio.wait_for(work, timeout_s)
     except TimeoutError:
         raise ConfigError(f"reading the config took longer than {timeout_s:g}s; refused") from None

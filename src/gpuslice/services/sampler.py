@@ -18,10 +18,9 @@ from typing import cast
 
 import structlog
 
-from gpuslice.config.checks import duration_seconds
 from gpuslice.core.attribution import Attribution, attribute, with_pod_uids
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import GpuBackend, PodResources, ProcessOwners
 from gpuslice.core.usage import CheckpointEntry, ProcessOwner, ProcessSample
 
@@ -39,20 +38,6 @@ class Reading:
     sample: ProcessSample
     owners: dict[int, ProcessOwner]
     uids: tuple[CheckpointEntry, ...]
-
-
-def interval_seconds(text: str) -> float:
-    """--sample-interval as seconds; ConfigError naming the flag when it is not a duration."""
-    try:
-        seconds = duration_seconds(text)
-    except ValueError:
-        seconds = None
-    if seconds is None:
-        raise ConfigError(
-            f"--sample-interval (GPUSLICE_SAMPLE_INTERVAL): {text!r} is not a positive "
-            'duration such as "10s" or "500ms"'
-        )
-    return seconds
 
 
 class Sampler:

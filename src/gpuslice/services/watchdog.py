@@ -26,7 +26,7 @@ class Watchdog:
         overrides: Mapping[str, int],
         hardware: Callable[[], HardwareSnapshot],
         *,
-        hold: Callable[[frozenset[str]], object],  # PluginManager.hold_unhealthy
+        hold: Callable[[frozenset[str]], object],  # NodeDevices.hold(held, by=...)
         kill: Callable[[int], None],  # SIGKILL a host PID proven in its container
         events: PodEvents | None,
         metrics: Metrics,

@@ -1,55 +1,41 @@
-"""How the CLI hands flags and env vars to the agent: settings checked up front, and the
-labeller reading GFD_ env vars first."""
+"""How the CLI hands flags and env vars to the agent: settings resolved and checked up
+front (cli.command_options, a pure function of the command line and environment), and
+the labeller reading GFD_ env vars first."""
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from gpuslice import cli, labels_cmd
-from gpuslice.config.flags import resolve, setting
+from gpuslice import cli
+from gpuslice.config.flags import apply_flags
 from gpuslice.config.v1 import Config
-from gpuslice.wiring import RunOptions
 
 ENV = {"GFD_MIG_STRATEGY": "mixed", "MIG_STRATEGY": "single", "GFD_CONFIG_FILE": "/g"}
 ENV_CLEARED = {"CONFIG_FILE": "/c"}
 
 
-def captured_labels_options(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> RunOptions:
-    seen: list[RunOptions] = []
-
-    async def fake(opts: RunOptions, stop: asyncio.Event, reload: Any = None) -> None:
-        seen.append(opts)
-
-    monkeypatch.setattr(labels_cmd, "run_labels", fake)
-    result = CliRunner().invoke(cli.main, ["labels"], env=env)
-    assert result.exit_code == 0, result.output
-    return seen[0]
+def test_labels_reads_gfd_env_vars_first() -> None:
+    opts = cli.command_options("labels", [], {**ENV, **ENV_CLEARED})
+    assert apply_flags(Config(), opts.flags).flags.mig_strategy == "mixed"
+    assert opts.config_file == "/g"
 
 
-def test_labels_reads_gfd_env_vars_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    opts = captured_labels_options(monkeypatch, {**ENV, **ENV_CLEARED})
-    assert resolve(Config(), opts.cli_values, opts.env).flags.mig_strategy == "mixed"
-    assert setting("config-file", opts.cli_values, opts.env) == "/g"
+def test_inspect_reads_unprefixed_env_vars_first() -> None:
+    opts = cli.command_options("inspect", [], {**ENV, **ENV_CLEARED})
+    assert apply_flags(Config(), opts.flags).flags.mig_strategy == "single"
+    assert opts.config_file == "/c"
 
 
-def test_inspect_reads_unprefixed_env_vars_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[RunOptions] = []
-
-    def fake(opts: RunOptions) -> dict[str, Any]:
-        seen.append(opts)
-        raise SystemExit(0)
-
-    import gpuslice.inspect
-
-    monkeypatch.setattr(gpuslice.inspect, "inspect_node", fake)
-    CliRunner().invoke(cli.main, ["inspect"], env={**ENV, **ENV_CLEARED})
-    opts = seen[0]
-    assert resolve(Config(), opts.cli_values, opts.env).flags.mig_strategy == "single"
-    assert setting("config-file", opts.cli_values, opts.env) == "/c"
+def test_each_command_takes_only_its_own_env_vars_and_types_every_setting() -> None:
+    """`run` reads the plugin's variables, not GFD's oneshot; values arrive typed."""
+    env = {"GFD_ONESHOT": "true", "GPUSLICE_SAMPLE_INTERVAL": "500ms", "GPUSLICE_ACCOUNTING": "0"}
+    run = cli.command_options("run", ["--memory-budget", "nvidia.com/gpu.shared=1Gi"], env)
+    assert "oneshot" not in run.flags.explicit
+    assert (run.sample_interval_s, run.accounting) == (0.5, False)
+    assert run.memory_budgets == {"nvidia.com/gpu.shared": 1024**3}
+    labels = cli.command_options("labels", ["--oneshot=true"], {})
+    assert apply_flags(Config(), labels.flags).flags.gfd.oneshot is True
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from gpuslice.cli import main
 from gpuslice.config.loader import LoadedConfig, load_each
+from gpuslice.config.options import resolve_options
 from gpuslice.core.errors import ConfigError
-from gpuslice.demo import write_configmap_volume
-from gpuslice.wiring import RunOptions
+from gpuslice.testing.configmap import write_configmap_volume
 
 TS4 = "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n"
 BAD_MIG = "flags: {migStrategy: bogus}\n"
@@ -176,7 +176,7 @@ def test_load_each_returns_configs_and_errors_in_order(tmp_path: Path) -> None:
 
 
 def test_config_name_with_a_config_directory_is_refused(tmp_path: Path) -> None:
-    opts = RunOptions(cli_values={"config-file": str(tmp_path)}, config_name="a100")
+    opts = resolve_options({"config-file": str(tmp_path)}, config_name="a100")
     with pytest.raises(ConfigError) as caught:
         _ = opts.config_dir
     assert str(caught.value) == (
@@ -187,7 +187,7 @@ def test_config_name_with_a_config_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_config_name_with_a_srcdir_is_refused(tmp_path: Path) -> None:
-    opts = RunOptions(env={"CONFIG_FILE_SRCDIR": str(tmp_path)}, config_name="x")
+    opts = resolve_options(env={"CONFIG_FILE_SRCDIR": str(tmp_path)}, config_name="x")
     with pytest.raises(ConfigError, match="not used with the per-node configs"):
         _ = opts.config_dir
 
@@ -195,6 +195,6 @@ def test_config_name_with_a_srcdir_is_refused(tmp_path: Path) -> None:
 def test_config_name_with_a_file_is_still_used(tmp_path: Path) -> None:
     path = tmp_path / "cm.yaml"
     path.write_text(configmap({"a": TS4, "b": BAD_MIG}))
-    opts = RunOptions(cli_values={"config-file": str(path)}, config_name="a")
+    opts = resolve_options({"config-file": str(path)}, config_name="a")
     assert opts.config_dir == ""
-    assert RunOptions(cli_values={"config-file": str(tmp_path)}).config_dir == str(tmp_path)
+    assert resolve_options({"config-file": str(tmp_path)}).config_dir == str(tmp_path)

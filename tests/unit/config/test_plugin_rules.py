@@ -9,6 +9,7 @@ import pytest
 from gpuslice.config.convert import plugin_options
 from gpuslice.config.flags import resolve
 from gpuslice.config.loader import load_config
+from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import settings_from
 from gpuslice.config.v1 import Config
 from gpuslice.core.errors import ConfigError, HardwareError
@@ -60,22 +61,26 @@ def test_time_slicing_needs_no_mps_root() -> None:
 def test_labels_alone_take_an_mps_config_without_mps_root() -> None:
     """GFD runs beside the plugin without MPS_ROOT (NVIDIA's chart sets it on the plugin)."""
     loaded = load_config(MPS_NO_ROOT, source="c.yaml")
-    assert settings_from(loaded, {}, {}).resources.sharing.strategy == "mps"
+    assert settings_from(loaded, resolve_options({}, {})).resources.sharing.strategy == "mps"
     with pytest.raises(ConfigError, match=r"flags\.mpsRoot"):
-        settings_from(loaded, {}, {}, imex_present=frozenset())
+        settings_from(loaded, resolve_options({}, {}), imex_present=frozenset())
 
 
 def test_a_required_imex_channel_missing_on_the_node_stops_the_plugin() -> None:
     loaded = load_config(IMEX, source="c.yaml")
     with pytest.raises(HardwareError, match=r"/dev/nvidia-caps-imex-channels/channel0 does not"):
-        settings_from(loaded, {"imex-required": "true"}, {}, imex_present=frozenset())
+        settings_from(
+            loaded, resolve_options({"imex-required": "true"}, {}), imex_present=frozenset()
+        )
     with pytest.raises(HardwareError, match="IMEX channel 0 is required"):
-        settings_from(loaded, {}, {"IMEX_REQUIRED": "1"}, imex_present=frozenset())
+        settings_from(loaded, resolve_options({}, {"IMEX_REQUIRED": "1"}), imex_present=frozenset())
 
 
 def test_a_missing_imex_channel_not_required_is_dropped_with_a_warning() -> None:
     """Before: NVIDIA_IMEX_CHANNELS=0 was injected for a channel the node does not have."""
-    got = settings_from(load_config(IMEX, source="c.yaml"), {}, {}, imex_present=frozenset())
+    got = settings_from(
+        load_config(IMEX, source="c.yaml"), resolve_options({}, {}), imex_present=frozenset()
+    )
     assert got.allocate.imex_channel_ids == ()
     assert [w for w in got.warnings if w.startswith("imex.channelIDs: ")] == [
         "imex.channelIDs: /dev/nvidia-caps-imex-channels/channel0 does not exist on this "
@@ -85,5 +90,5 @@ def test_a_missing_imex_channel_not_required_is_dropped_with_a_warning() -> None
 
 def test_a_present_imex_channel_is_given_to_containers() -> None:
     loaded = load_config("imex: {channelIDs: [0], required: true}\n", source="c.yaml")
-    got = settings_from(loaded, {}, {}, imex_present=frozenset({0}))
+    got = settings_from(loaded, resolve_options({}, {}), imex_present=frozenset({0}))
     assert (got.allocate.imex_channel_ids, got.warnings) == ((0,), ())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.config.loader import load_config, load_configmap
+from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import (
     DEFAULTS_SOURCE,
     check_not_truncated,
@@ -60,7 +61,7 @@ def test_blank_replacing_content_is_refused_in_one_line() -> None:
 def test_settings_of_a_file_carry_name_source_summary_and_warnings(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(TS4.replace("replicas: 4", "replicas: 4\n      rename: gpu-ts"))
-    settings = load_settings({"config-file": str(path)}, {"MIG_STRATEGY": "mixed"})
+    settings = load_settings(resolve_options({"config-file": str(path)}, {"MIG_STRATEGY": "mixed"}))
     assert settings.resources.mig_strategy == MIG_MIXED  # the env var over the default
     assert settings.resources.sharing.strategy == TIME_SLICING
     assert (settings.name, settings.source, settings.shown) == (None, str(path), str(path))
@@ -73,7 +74,7 @@ def test_settings_of_a_file_carry_name_source_summary_and_warnings(tmp_path: Pat
 
 
 def test_without_a_file_the_source_says_defaults() -> None:
-    settings = load_settings({}, {})
+    settings = load_settings(resolve_options({}, {}))
     assert settings.source == DEFAULTS_SOURCE
     assert settings.shown == DEFAULTS_SOURCE
     assert not settings.blank
@@ -83,7 +84,9 @@ def test_an_explicit_flag_beats_the_env_var_and_the_file(tmp_path: Path) -> None
     path = tmp_path / "c.yaml"
     path.write_text("version: v1\nflags:\n  migStrategy: single\n")
     settings = load_settings(
-        {"config-file": str(path), "mig-strategy": "mixed"}, {"MIG_STRATEGY": "none"}
+        resolve_options(
+            {"config-file": str(path), "mig-strategy": "mixed"}, {"MIG_STRATEGY": "none"}
+        )
     )
     assert settings.resources.mig_strategy == MIG_MIXED
 
@@ -95,7 +98,7 @@ def test_health_policies_come_from_the_environment() -> None:
         "GPUSLICE_HEALTH_HOLDDOWN": "1m",
         "GPUSLICE_HEALTH_MAX_FLAPS": "7",
     }
-    settings = settings_from(loaded, {}, env)
+    settings = settings_from(loaded, resolve_options({}, env))
     assert not settings.xid_policy.counts(48)
     assert settings.xid_policy.warnings == (
         "DP_DISABLE_HEALTHCHECKS: ignoring 'bogus': not an XID number, 'all' or 'xids'",
@@ -106,7 +109,7 @@ def test_health_policies_come_from_the_environment() -> None:
 def test_a_bad_health_variable_is_a_one_line_config_error() -> None:
     loaded = load_config("version: v1\n", source="c.yaml")
     with pytest.raises(ConfigError) as caught:
-        settings_from(loaded, {}, {"GPUSLICE_HEALTH_MAX_FLAPS": "lots"})
+        settings_from(loaded, resolve_options({}, {"GPUSLICE_HEALTH_MAX_FLAPS": "lots"}))
     assert str(caught.value) == (
         'GPUSLICE_HEALTH_MAX_FLAPS: got "lots"; expected a whole number, 0 or more '
         "(0: never recover)"
@@ -114,6 +117,6 @@ def test_a_bad_health_variable_is_a_one_line_config_error() -> None:
 
 
 def test_the_settings_value_is_immutable() -> None:
-    settings = load_settings({}, {})
+    settings = load_settings(resolve_options({}, {}))
     with pytest.raises(AttributeError):
         settings.name = "other"  # type: ignore[misc]

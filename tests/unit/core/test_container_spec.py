@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from gpuslice.config.convert import usable_imex_channels
 from gpuslice.core.container_spec import (
     CONTROL_DEVICES,
     DEVICE_LIST_ROOT,
     VISIBLE_DEVICES,
     container_allocation,
-    usable_imex_channels,
 )
 from gpuslice.core.devices import replica_id
 from gpuslice.core.errors import HardwareError

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
+from gpuslice.config.options import parse_budgets
 from gpuslice.core.attribution import ContainerUsage
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.watchdog import Policy, budget_of, budgets, decide, parse_budgets, parse_size
+from gpuslice.core.watchdog import Policy, budget_of, budgets, decide, parse_size
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

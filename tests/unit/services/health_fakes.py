@@ -20,8 +20,9 @@ from gpuslice.core.sharing import (
     ResourceSettings,
     SharingPlan,
 )
-from gpuslice.services.plugin_manager import PluginManager
-from gpuslice.services.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.manager import PluginManager
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
+from gpuslice.services.node_devices import NodeDevices
 
 
 class ScriptedBackend:
@@ -131,10 +132,11 @@ class Node:
     resources: tuple[Resource, ...]
     manager: PluginManager
     changes: asyncio.Queue[frozenset[str]]
+    devices: NodeDevices  # merges health with every hold, as the agent's node state does
 
     def on_change(self, unhealthy: frozenset[str]) -> list[str]:
         self.changes.put_nowait(unhealthy)
-        return self.manager.set_unhealthy(unhealthy)
+        return self.devices.health_changed(unhealthy)
 
     def health(self) -> dict[str, bool]:
         """Kubelet device ID -> healthy, over every served resource."""
@@ -163,4 +165,6 @@ async def serve(snapshot: HardwareSnapshot, settings: ResourceSettings) -> Node:
     resources = build_resources(snapshot, settings)
     manager = PluginManager(endpoint)
     await manager.apply(resources, AllocateOptions(), None)
-    return Node(snapshot, resources, manager, asyncio.Queue())
+    devices = NodeDevices(lambda: ScriptedBackend(snapshot))  # never opened here
+    devices.on_unhealthy(manager.set_unhealthy)
+    return Node(snapshot, resources, manager, asyncio.Queue(), devices)

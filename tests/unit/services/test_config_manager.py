@@ -22,15 +22,15 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.kube.memory import MemoryNodeApi
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.core.errors import ConfigError, GpusliceError, HardwareError
+from gpuslice.core.ports import DirEvents, DirWatch
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.agent import DirEvents, DirWatch
 from gpuslice.services.config_manager import ConfigManager, ConfigStatus
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries
+from gpuslice.testing.nodeapi import MemoryNodeApi
 
 NODE = "gpu-node-7"
 WITHIN_S = 1.0  # how fast a change must be applied
@@ -473,6 +473,27 @@ async def test_reload_rereads_what_no_watch_reported(
         sighup.set()  # what SIGHUP does
         assert (await applier.next()).replicas == 4
     assert [a.replicas for a in applier.applied] == [2, 3, 4]
+
+
+async def test_a_reload_asked_for_while_the_first_config_is_applied_is_read_after_it(
+    node: FakeNode, configmap: MountedConfigMap, applier: Applier
+) -> None:
+    """A SIGHUP that comes while the agent still serves the first config (a process
+    signalled right after its start) is neither lost nor refused: read once it is."""
+    configmap.write({"ts": timeslicing(2)})
+    manager = manager_for(node, configmap, applier, silent_watch)
+    node.push({DEFAULT_LABEL: "ts"})
+    applier.hold = asyncio.Event()
+    sighup = asyncio.Event()
+    async with running(manager, sighup) as task:
+        await asyncio.wait_for(applier.entered.wait(), WITHIN_S)  # the first apply runs
+        configmap.write({"ts": timeslicing(3)})
+        sighup.set()
+        applier.hold.set()
+        await started(manager, task)
+        assert (await applier.next()).replicas == 2
+        assert (await applier.next()).replicas == 3
+    assert [a.replicas for a in applier.applied] == [2, 3]
 
 
 async def test_bad_config_at_start_is_raised_and_recorded(

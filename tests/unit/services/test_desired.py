@@ -9,13 +9,14 @@ import dataclasses
 
 import pytest
 
+from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import Settings, load_settings
 from gpuslice.core.errors import HardwareError
 from gpuslice.services.desired import DesiredSettings
 
 
 def named(name: str) -> Settings:
-    return dataclasses.replace(load_settings({}, {}), name=name)
+    return dataclasses.replace(load_settings(resolve_options({}, {})), name=name)
 
 
 async def test_a_value_put_before_anyone_waits_is_there_when_they_do() -> None:

@@ -1,5 +1,6 @@
-"""The hold service (services.holds) over a plugin manager: a GPU in use under another
-resource is held beside XID health (each keeps its own marks), released when its
+"""The hold service (services.holds) over the node's device state and a plugin manager:
+a GPU in use under another resource is held beside XID health (each keeps its own
+marks), released when its
 container is gone; a failing PodResources keeps the holds and is logged once; the
 periodic check runs on an injected sleep."""
 
@@ -49,7 +50,7 @@ async def moved_gpu() -> tuple[Node, Pods, DeviceHolds, str]:
     pods = Pods()
     gpu1 = node.snapshot.gpus[1].uuid
     pods.listed = [ContainerDevices("ns", "old", "c", GPU_RESOURCE, (gpu1,))]
-    holds = DeviceHolds(pods, lambda h: node.manager.hold_unhealthy(h, by="moved"))
+    holds = DeviceHolds(pods, lambda h: node.devices.hold(h, by="moved"))
     return node, pods, holds, gpu1
 
 
@@ -60,14 +61,14 @@ async def test_a_hold_and_xid_health_each_keep_their_marks() -> None:
     assert on(node, SHARED) == {False}
     assert on(node, "nvidia.com/mig-1g.5gb") == {True}  # GPU 0's MIG devices: not held
 
-    node.manager.set_unhealthy(frozenset())  # health says all is well: the hold stays
+    node.devices.health_changed(frozenset())  # health says all is well: the hold stays
     assert on(node, SHARED) == {False}
-    node.manager.set_unhealthy(frozenset({gpu1}))  # an XID on GPU 1
+    node.devices.health_changed(frozenset({gpu1}))  # an XID on GPU 1
     pods.listed = []  # the old container is gone
     await holds.check(node.snapshot, node.resources)
     assert holds.held == frozenset()
     assert on(node, SHARED) == {False}  # still unhealthy by XID
-    node.manager.set_unhealthy(frozenset())
+    node.devices.health_changed(frozenset())
     assert on(node, SHARED) == {True}
 
 
@@ -113,7 +114,7 @@ async def test_the_periodic_check_releases_a_hold_once_its_container_is_gone() -
         await ticks.get()
 
     def hold(held: frozenset[str]) -> None:
-        node.manager.hold_unhealthy(held, by="moved")
+        node.devices.hold(held, by="moved")
         pushed.put_nowait(held)
 
     holds = DeviceHolds(pods, hold, sleep=sleep)

@@ -2,12 +2,11 @@
 the ConfigMap of per-node configs.
 
 KubeNodeApi talks to a real API server through lightkube (session.py is the only
-module that imports lightkube, and only once a KubeNodeApi is built);
-MemoryNodeApi is the in-memory stand-in for tests, the demo and fake-cluster runs.
-Both implement gpuslice.core.ports.NodeApi. rbac.py holds the RBAC rules the agent needs.
+module that imports lightkube, and only once a KubeNodeApi is built); it implements
+gpuslice.core.ports.NodeApi, as does the testing kit's in-memory MemoryNodeApi.
+rbac.py holds the RBAC rules the agent needs.
 """
 
-from gpuslice.adapters.kube.memory import MemoryNodeApi, RecordedEvent
 from gpuslice.adapters.kube.node_api import KubeNodeApi
 from gpuslice.adapters.kube.objects import NODE_FEATURE_PREFIX, NODE_NAME_LABEL, OwnerRef
 
@@ -15,7 +14,5 @@ __all__ = [
     "NODE_FEATURE_PREFIX",
     "NODE_NAME_LABEL",
     "KubeNodeApi",
-    "MemoryNodeApi",
     "OwnerRef",
-    "RecordedEvent",
 ]

@@ -26,6 +26,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
 from gpuslice.adapters.kube import objects
+from gpuslice.adapters.kube.bounded import bound_answers
 from gpuslice.adapters.kube.watch import (
     OPENED,
     NodeState,
@@ -85,6 +86,7 @@ class ApiSession:
         # lightkube's public watch() cannot ask for bookmarks, so the watch goes through
         # the client's own httpx2 client (base URL, TLS and auth already set up).
         self._http: httpx2.AsyncClient = client._client._client
+        bound_answers(self._http)
         self.server = str(client.config.cluster.server)
 
     async def read_node(self, node: str) -> tuple[NodeState, str | None]:

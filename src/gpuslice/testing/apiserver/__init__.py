@@ -7,6 +7,7 @@ from gpuslice.testing.apiserver.kubeconfig import TOKEN, write_kubeconfig
 from gpuslice.testing.apiserver.server import (
     BAD_GZIP,
     GARBAGE,
+    GZIP_BOMB,
     NFD,
     NODES,
     WAIT_S,
@@ -17,6 +18,7 @@ from gpuslice.testing.apiserver.server import (
 __all__ = [
     "BAD_GZIP",
     "GARBAGE",
+    "GZIP_BOMB",
     "NFD",
     "NODES",
     "TOKEN",

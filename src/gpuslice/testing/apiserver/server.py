@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +49,21 @@ NAMESPACES = "/api/v1/namespaces/"
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/"
 GARBAGE = "garbage"  # corrupt_next: a 200 whose body is not JSON (nor UTF-8)
 BAD_GZIP = "gzip"  # corrupt_next: a 200 that says Content-Encoding gzip and is not gzip
+GZIP_BOMB = "gzip-bomb"  # corrupt_next: a 200 of 256 KiB of gzip that inflates to 256 MiB
 _CORRUPT = {
     GARBAGE: (b'\x00\xff{"kind": \x9c[[[\n\xfe\n', ""),
     BAD_GZIP: (b"\x1f\x8b\x08\x00 not gzip", "gzip"),
 }
+
+
+def _corrupt(how: str) -> tuple[bytes, str]:
+    if how == GZIP_BOMB:
+        bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
+        zeros = bytes(1 << 20)
+        return b"".join([*(bomb.compress(zeros) for _ in range(256)), bomb.flush()]), "gzip"
+    return _CORRUPT[how]
+
+
 WAIT_S = 5.0  # every awaited condition here is met in milliseconds when things work
 USER = "system:serviceaccount:gpu-operator:gpuslice"
 
@@ -227,7 +239,7 @@ class FakeApiServer:
 
     def corrupt_next(self, method: str, path_part: str, how: str | bytes = GARBAGE) -> None:
         """Answer the next `method` request (a watch too) whose path contains `path_part`
-        with 200 and a broken body: GARBAGE, BAD_GZIP, or these bytes."""
+        with 200 and a broken body: GARBAGE, BAD_GZIP, GZIP_BOMB, or these bytes."""
         self._corruptions.append((method, path_part, how))
 
     def stall_next(self, method: str, path_part: str) -> None:
@@ -303,7 +315,7 @@ class FakeApiServer:
             if corruption[0] == method and corruption[1] in url.path:
                 self._corruptions.remove(corruption)
                 how = corruption[2]
-                broken = (how, "") if isinstance(how, bytes) else _CORRUPT[how]
+                broken = (how, "") if isinstance(how, bytes) else _corrupt(how)
                 return await self._reply_raw(writer, req, *broken)
         if refused is None and req.is_watch:
             return await self._watch(req, writer)

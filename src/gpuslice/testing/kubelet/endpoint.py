@@ -11,8 +11,8 @@ from typing import TypeVar
 import grpc
 import structlog
 
-from gpuslice.adapters.kubelet.api import HEALTHY, pb, pb_grpc, unix_target
-from gpuslice.adapters.kubelet.convert import allocation_from_pb
+from gpuslice.adapters.deviceplugin.api import HEALTHY, pb, pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.convert import allocation_from_pb
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.testing.kubelet.records import AdmissionError, DeviceState, PluginOptions
 

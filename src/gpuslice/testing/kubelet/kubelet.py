@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 import structlog
 
+from gpuslice.adapters.deviceplugin.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpuslice.adapters.kubelet.api import KUBELET_SOCKET_NAME, pb, pb_grpc, unix_target
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.testing.kubelet import checkpoint
 from gpuslice.testing.kubelet.admission import allocate_container

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from gpuslice.adapters.kubelet.api import API_VERSION
+from gpuslice.adapters.deviceplugin.api import API_VERSION
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")

@@ -1,4 +1,4 @@
-"""MemoryNodeApi: the NodeApi port kept in memory, for tests, the demo and fake-cluster runs.
+"""MemoryNodeApi: the NodeApi port kept in memory, the cluster of tests and the demo.
 
 It behaves like the Kubernetes adapter where the contract says so (first yield is
 the full read, later yields only on change, a missing Node is {}, NodeFeature

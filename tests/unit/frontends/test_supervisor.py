@@ -12,8 +12,8 @@ import pytest
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import SocketTaken
 from gpuslice.core.restart import RestartBudget
-from gpuslice.services.supervisor import Supervisor
-from gpuslice.services.supervisor_events import (
+from gpuslice.frontends.deviceplugin.supervisor import Supervisor
+from gpuslice.frontends.deviceplugin.supervisor_events import (
     Counters,
     KubeletRestarted,
     SocketDeleted,

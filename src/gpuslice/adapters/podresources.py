@@ -14,9 +14,9 @@ import os
 
 import grpc
 
+from gpuslice.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, unix_target
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2 as pr
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpuslice.adapters.kubelet.api import DEVICE_PLUGIN_DIR, unix_target
 from gpuslice.adapters.outside_files import read_bytes, reason
 from gpuslice.core.errors import BackendError
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices

@@ -8,9 +8,9 @@ since gone. The server's own crash watch (down / wait_down) is passed through.
 
 from __future__ import annotations
 
+from gpuslice.adapters.deviceplugin.registration import RegistrationError
+from gpuslice.adapters.deviceplugin.server import DevicePluginServer
 from gpuslice.adapters.fswatch import FileId, file_id
-from gpuslice.adapters.kubelet.registration import RegistrationError
-from gpuslice.adapters.kubelet.server import DevicePluginServer
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginHandler
 

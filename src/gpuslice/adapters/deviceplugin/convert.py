@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuslice.adapters.kubelet.api import HEALTHY, UNHEALTHY, pb
+from gpuslice.adapters.deviceplugin.api import HEALTHY, UNHEALTHY, pb
 from gpuslice.core.resources import AdvertisedDevice
 from gpuslice.core.response import ContainerAllocation, DeviceSpec, Mount
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import structlog
 
-from gpuslice.adapters.kubelet.api import API_VERSION, pb, pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.api import API_VERSION, pb, pb_grpc, unix_target
 from gpuslice.core.errors import GpusliceError
 
 _log = structlog.get_logger()

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from gpuslice.adapters.kubelet.api import pb, pb_grpc
-from gpuslice.adapters.kubelet.convert import allocation_to_pb, device_list
+from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
+from gpuslice.adapters.deviceplugin.convert import allocation_to_pb, device_list
 from gpuslice.core.errors import InvalidRequest
 from gpuslice.core.metrics import ERROR, INVALID, NO_METRICS, OK
 from gpuslice.core.ports import Metrics, PluginHandler

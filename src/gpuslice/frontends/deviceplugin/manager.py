@@ -1,13 +1,13 @@
 """Keeps one served, registered endpoint per advertised resource.
 
 apply() touches only what changed: an unchanged resource keeps its server and
-registration, a changed one sends a new list, a vanished one is stopped (its
-socket removed), a new one is started and registered. Each resource has a
-Supervisor (services.supervisor) that owns its endpoint's lifecycle: kubelet
-restarts, deleted sockets, Register retries, and servers that fail, restarted
-within the restart budget (core.restart). When one resource spends its budget
-the manager gives up: `failed` is set and `error` says why, so the agent exits
-and Kubernetes restarts the pod, as upstream does.
+registration, a changed one sends a new list, a vanished one is stopped (its socket
+removed), a new one is started and registered. Each resource has a Supervisor (its
+module: the node's supervision idiom plus registration) that owns its endpoint's
+lifecycle: kubelet restarts, deleted sockets, Register retries, and servers that
+fail, restarted within the restart budget (core.restart). When one resource spends
+its budget the manager gives up: `failed` is set and `error` says why, so the agent
+exits and Kubernetes restarts the pod, as upstream does.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
-from gpuslice.services.resource_handler import ResourceHandler
-from gpuslice.services.supervisor import Supervisor
-from gpuslice.services.supervisor_events import (
+from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
+from gpuslice.frontends.deviceplugin.supervisor import Supervisor
+from gpuslice.frontends.deviceplugin.supervisor_events import (
     UP,
     Counters,
     KubeletRestarted,
@@ -65,9 +65,6 @@ class PluginManager:
         self._handlers: dict[str, ResourceHandler] = {}
         self._supervisors: dict[str, Supervisor] = {}
         self._unhealthy: frozenset[str] = frozenset()
-        # Held Unhealthy beside health, per holder (the watchdog, moved devices); health
-        # never clears them.
-        self._held: dict[str, frozenset[str]] = {}
         self.failed = asyncio.Event()  # set once a resource's restart budget is spent
         self.error: PluginServerFailed | None = None
 
@@ -108,7 +105,7 @@ class PluginManager:
                     res,
                     opts,
                     topology=topology,
-                    unhealthy=self._merged(),
+                    unhealthy=self._unhealthy,
                     control_devices=self._control,
                 )
                 self._handlers[name] = handler
@@ -123,23 +120,10 @@ class PluginManager:
         return actions
 
     def set_unhealthy(self, unhealthy: frozenset[str]) -> list[str]:
-        """Mark GPUs unhealthy; returns the resources whose lists changed."""
+        """The node's unhealthy devices (health and every hold, merged by the node state);
+        returns the resources whose lists changed."""
         self._unhealthy = unhealthy
-        return self._push_unhealthy()
-
-    def hold_unhealthy(self, held: frozenset[str], *, by: str = "watchdog") -> list[str]:
-        """Hold these GPUs (or MIG devices) Unhealthy beside what health says; each holder
-        (`by`: the memory-budget watchdog, services.holds) replaces only its own set, and
-        the health monitor's updates never clear them."""
-        self._held[by] = held
-        return self._push_unhealthy()
-
-    def _merged(self) -> frozenset[str]:
-        return self._unhealthy.union(*self._held.values())
-
-    def _push_unhealthy(self) -> list[str]:
-        merged = self._merged()
-        return [n for n, h in self._handlers.items() if h.update(unhealthy=merged)]
+        return [n for n, h in self._handlers.items() if h.update(unhealthy=unhealthy)]
 
     async def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: new sockets and registrations, all at once,
@@ -162,7 +146,7 @@ class PluginManager:
 
     def release_sockets(self) -> None:
         """Remove every served socket file, still serving the kubelet's connections, for
-        a successor to serve the same paths (adapters/kubelet/handover.py)."""
+        a successor to serve the same paths (adapters.deviceplugin.handover)."""
         for supervisor in self._supervisors.values():
             if supervisor.state in UP:
                 supervisor.endpoint.release_socket()

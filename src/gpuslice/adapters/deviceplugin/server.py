@@ -24,10 +24,10 @@ import stat
 import grpc
 import structlog
 
+from gpuslice.adapters.deviceplugin.api import pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.registration import register
+from gpuslice.adapters.deviceplugin.servicer import DevicePluginServicer
 from gpuslice.adapters.fswatch import FileId, file_id
-from gpuslice.adapters.kubelet.api import pb_grpc, unix_target
-from gpuslice.adapters.kubelet.registration import register
-from gpuslice.adapters.kubelet.servicer import DevicePluginServicer
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginHandler, SocketTaken

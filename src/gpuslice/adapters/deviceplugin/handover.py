@@ -14,7 +14,7 @@ made the instant the kubelet cancels its first stream:
 3. old: once the holder file says so (or at once when no successor takes the lock
    within ARRIVE_S), end its streams and stop;
 4. the kubelet disconnects the successor's client when the old stream ends; the
-   successor registers again at once (services.supervisor, StreamDropped).
+   successor registers again at once (frontends.deviceplugin.supervisor, StreamDropped).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import structlog
 
-from gpuslice.adapters.kubelet.dirlock import POLL_S, DirLock, Holder
+from gpuslice.adapters.deviceplugin.dirlock import POLL_S, DirLock, Holder
 
 _log = structlog.get_logger()
 

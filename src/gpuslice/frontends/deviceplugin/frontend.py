@@ -1,0 +1,181 @@
+"""The device-plugin front-end (core.ports.FrontEnd): the node's devices as resources
+(core.resources.build_resources: MIG strategy, replicas, renames, per-GPU placement),
+one served and registered endpoint per resource (manager.PluginManager), NVLink topology
+for preferred allocations, and the kubelet's directory followed (kubelet_watch).
+
+In a rolling update the device-plugin directory passes from agent to agent
+(adapters.deviceplugin.handover): `start` takes it once a predecessor lets go (ready to
+take over meanwhile), `run` says when every list reached the kubelet, and `stop` keeps
+the kubelet's streams open until a successor serves (MPS daemons run on, and the
+successor adopts them); `release` lets go once they are stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Mapping
+
+import structlog
+
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.errors import GpusliceError
+from gpuslice.core.metrics import NO_METRICS, ResourceState
+from gpuslice.core.ports import (
+    ClaimDir,
+    DevicePlan,
+    DirectoryClaim,
+    DirWatch,
+    FrontEndStep,
+    Metrics,
+    NodeState,
+)
+from gpuslice.core.resources import Resource, build_resources, layout_warnings
+from gpuslice.core.restart import RestartBudget
+from gpuslice.core.settings import Settings
+from gpuslice.core.topology import Topology
+from gpuslice.frontends.deviceplugin.kubelet_watch import follow_kubelet
+from gpuslice.frontends.deviceplugin.manager import EndpointFactory, PluginManager
+from gpuslice.frontends.deviceplugin.supervisor_events import State
+
+log = structlog.get_logger("gpuslice.agent")
+
+NAME = "device-plugin"
+LISTED_S = 5.0  # how long a successor waits for the kubelet's streams before saying it serves
+
+
+class DevicePluginFrontEnd:
+    def __init__(
+        self,
+        node: NodeState,
+        endpoint_factory: EndpointFactory,
+        plugin_dir: str,
+        *,
+        watch: DirWatch | None = None,  # None: no kubelet-restart detection (tests of parts)
+        control_devices: Iterable[str] = (),
+        budget: RestartBudget | None = None,  # None: upstream's (5 restarts an hour)
+        claim_dir: ClaimDir | None = None,  # None: the directory is not claimed here
+        metrics: Metrics = NO_METRICS,
+    ) -> None:
+        self._node = node
+        self._plugin_dir = plugin_dir
+        self._watch = watch
+        self._claim_dir = claim_dir
+        self._claim: DirectoryClaim | None = None
+        self._plan: DevicePlan | None = None  # the last served
+        self.waiting_for: str | None = None  # the predecessor holding the directory, if any
+        self.manager = PluginManager(
+            endpoint_factory, control_devices=control_devices, budget=budget, metrics=metrics
+        )
+        node.on_unhealthy(self.manager.set_unhealthy)
+        self._stack = contextlib.AsyncExitStack()
+        self._events: AsyncIterator[tuple[str, str]] | None = None
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        return tuple(h.resource for h in self.manager.handlers.values())
+
+    async def start(self) -> None:
+        # Watch before serving: a kubelet that starts meanwhile deletes our sockets
+        # and creates kubelet.sock, and both must be seen.
+        if self._watch is not None:
+            self._events = await self._stack.enter_async_context(
+                self._watch(self._plugin_dir, None)
+            )
+        if self._claim_dir is not None:  # last: the instant a predecessor lets go, serve
+            self._claim = await self._claim_dir(asyncio.Event(), self._waiting)
+            self.waiting_for = None
+
+    def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
+        resources = build_resources(snapshot, settings.resources)  # raises HardwareError
+        plan = self._node.plan_devices(NAME, snapshot, settings, resources)  # raises too
+        for warning in layout_warnings(snapshot.gpus, settings.resources):
+            log.warning("hardware_layout_warning", detail=warning)
+
+        async def step() -> None:
+            allocate = await self._node.provide(plan)
+            self._plan = plan
+            topology = Topology.from_snapshot(snapshot)
+            await self.manager.apply(resources, allocate, topology)
+            if not resources:
+                log.warning("no_devices_found_waiting", gpus=len(snapshot.gpus))
+
+        return step
+
+    async def run(self) -> None:
+        serving = None if self._claim is None else asyncio.create_task(self._say_serving())
+        try:
+            if self._events is None:
+                await asyncio.Event().wait()  # nothing to follow: until cancelled
+            else:
+                await follow_kubelet(self._events, self.manager)
+        finally:
+            if serving is not None:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+
+    def ready(self) -> bool:
+        return self.waiting_for is not None or all(self.manager.registered().values())
+
+    def status(self) -> Mapping[str, object]:
+        status: dict[str, object] = {"resources": self.manager.registered()}
+        if self.waiting_for is not None:  # a successor in a rolling update
+            status["waiting"] = (
+                f"for the agent serving the device-plugin directory now ({self.waiting_for}) "
+                "to stop; this one serves the instant it does"
+            )
+        return status
+
+    def resource_states(self) -> tuple[ResourceState, ...]:
+        """What each resource advertises and whether it is registered (for /metrics)."""
+        registered = self.manager.registered()
+        return tuple(
+            ResourceState(
+                name,
+                advertised=len(handler.devices()),
+                healthy=sum(1 for _, ok in handler.devices() if ok),
+                registered=registered.get(name, False),
+            )
+            for name, handler in sorted(self.manager.handlers.items())
+        )
+
+    def states(self) -> dict[str, State]:
+        return self.manager.states()
+
+    @property
+    def failed(self) -> asyncio.Event:
+        return self.manager.failed
+
+    @property
+    def error(self) -> GpusliceError | None:
+        return self.manager.error
+
+    async def stop(self) -> None:
+        try:
+            claim = self._claim
+            if claim is not None:  # serve on until a successor has registered
+                self.manager.release_sockets()
+                await claim.hand_over()
+                self._claim = None
+            await self.manager.stop()  # every stream ended, every socket removed
+        finally:
+            await self._stack.aclose()
+
+    def release(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:  # a successor may serve now
+            claim.release()
+
+    async def _say_serving(self) -> None:
+        """Once the kubelet reads every list from us (LISTED_S at most), say so to a
+        predecessor waiting to end its streams."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.manager.listed(), LISTED_S)
+        if self._claim is not None:
+            self._claim.serving()
+
+    def _waiting(self, holder: str) -> None:
+        self.waiting_for = holder

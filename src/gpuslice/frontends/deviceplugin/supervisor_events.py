@@ -1,0 +1,81 @@
+"""A resource supervisor's vocabulary: its states and the events it is fed (those of
+services.supervision, plus the kubelet's), and what it shares with the plugin manager
+(counters, timing, the give-up callback)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuslice.services.supervision import (
+    UP,
+    OnFailed,
+    ServerDown,
+    Start,
+    State,
+    Stop,
+    TimerDue,
+    Timing,
+)
+
+__all__ = [
+    "UP",
+    "Counters",
+    "Event",
+    "KubeletRestarted",
+    "OnFailed",
+    "RegisterDone",
+    "RegisterFailed",
+    "ServerDown",
+    "SocketDeleted",
+    "Start",
+    "State",
+    "Stop",
+    "StreamDropped",
+    "TimerDue",
+    "Timing",
+]
+
+
+@dataclass(frozen=True)
+class KubeletRestarted: ...
+
+
+@dataclass(frozen=True)
+class SocketDeleted: ...
+
+
+@dataclass(frozen=True)
+class StreamDropped:
+    """The kubelet cancelled a ListAndWatch stream of this server: it dropped the resource."""
+
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class RegisterDone:
+    step: int
+
+
+@dataclass(frozen=True)
+class RegisterFailed:
+    step: int
+    error: str
+
+
+Event = (
+    Start
+    | KubeletRestarted
+    | SocketDeleted
+    | Stop
+    | ServerDown
+    | StreamDropped
+    | RegisterDone
+    | RegisterFailed
+    | TimerDue
+)
+
+
+@dataclass
+class Counters:
+    registrations: int = 0  # successful Register calls
+    server_failures: int = 0  # servers that could not start or went down

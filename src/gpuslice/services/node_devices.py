@@ -1,0 +1,260 @@
+"""The node's device state, with one owner: what the node holds, whatever front-end
+tells the kubelet about it (core.ports.NodeState says what a front-end gets).
+
+It owns the backend and the one worker thread its blocking calls run on, the hardware
+snapshot and the settings in force (committed together by the agent), health (the
+health monitor and its thread), every other hold on a device (`hold(by=...)`: the
+memory-budget watchdog, devices moved while in use, MPS daemons that do not answer),
+the CDI specs and the MPS daemons. Each change bumps `generation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
+from types import MappingProxyType
+from typing import TypeVar
+
+import structlog
+
+from gpuslice.core.devices import HardwareSnapshot
+from gpuslice.core.errors import BackendError
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.mps import plan_daemons
+from gpuslice.core.ports import (
+    DevicePlan,
+    GpuBackend,
+    Metrics,
+    PodResources,
+    UnhealthyListener,
+)
+from gpuslice.core.resources import Resource
+from gpuslice.core.response import AllocateOptions
+from gpuslice.core.settings import Settings
+from gpuslice.services.cdi import CdiSpecs
+from gpuslice.services.health_monitor import HealthMonitor
+from gpuslice.services.holds import DeviceHolds
+from gpuslice.services.mps import MpsDaemons
+
+log = structlog.get_logger("gpuslice.node")
+
+T = TypeVar("T")
+HEALTH = "health"  # the holder name of health's own marks
+MOVED = "moved"  # services.holds: devices in use under another resource
+
+
+class NodeDevices:
+    """Implements core.ports.NodeState; see the module doc."""
+
+    def __init__(
+        self,
+        open_backend: Callable[[], GpuBackend],  # raises BackendError when NVML cannot start
+        *,
+        cdi: CdiSpecs | None = None,
+        mps: MpsDaemons | None = None,
+        # The kubelet's PodResources, to hold back devices still in use under another
+        # resource (services.holds); None: nothing is held.
+        pod_resources: Callable[[], AbstractAsyncContextManager[PodResources]] | None = None,
+        metrics: Metrics = NO_METRICS,
+    ) -> None:
+        self._open_backend = open_backend
+        self._cdi = cdi
+        self.mps = mps  # the MPS daemons' supervisors (readiness reads their waits)
+        self._pod_resources = pod_resources
+        self._metrics = metrics
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
+        self._backend: GpuBackend | None = None
+        self.unavailable: str | None = None  # why the backend could not open (kept waiting)
+        self._snapshot: HardwareSnapshot | None = None
+        self._settings: Settings | None = None
+        self._held: dict[str, frozenset[str]] = {}
+        self._unhealthy: frozenset[str] = frozenset()
+        self._listeners: list[UnhealthyListener] = []
+        self._served: dict[str, DevicePlan] = {}
+        self._generation = 0
+        self._changed = asyncio.Event()
+        self.monitor: HealthMonitor | None = None
+        self.holds: DeviceHolds | None = None  # set while running with PodResources
+
+    # --- what a front-end reads -------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    async def wait_changed(self, seen: int) -> int:
+        while self._generation == seen:
+            await self._changed.wait()
+        return self._generation
+
+    @property
+    def snapshot(self) -> HardwareSnapshot:
+        assert self._snapshot is not None, "read before the first commit"
+        return self._snapshot
+
+    @property
+    def settings(self) -> Settings:
+        assert self._settings is not None, "read before the first commit"
+        return self._settings
+
+    @property
+    def committed(self) -> bool:
+        return self._snapshot is not None
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        return self._unhealthy
+
+    @property
+    def held(self) -> Mapping[str, frozenset[str]]:
+        return MappingProxyType(self._held)
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        """What every front-end serves now, as last provided."""
+        return tuple(r for plan in self._served.values() for r in plan.resources)
+
+    def hold(self, devices: frozenset[str], *, by: str) -> None:
+        """Hold `devices` Unhealthy for `by`, replacing only what `by` held."""
+        self._held[by] = devices
+        self._push()
+
+    def on_unhealthy(self, listener: UnhealthyListener) -> None:
+        self._listeners.append(listener)
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def on_backend(self, fn: Callable[[GpuBackend], T]) -> T:
+        """fn(backend) on the worker thread (accounting's reads). Raises BackendError
+        while the backend is not open."""
+        backend = self._backend
+        if backend is None:
+            raise BackendError("the GPU backend is not open", transient=True)
+        return await self.call(lambda: fn(backend))
+
+    # --- what the agent drives ----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the backend on the worker thread. Raises GpusliceError (kept in
+        `unavailable`, as readiness reports it)."""
+        try:
+            self._backend = await self.call(self._open_backend)
+        except Exception as exc:
+            self.unavailable = f"the GPU backend is not available: {exc}"
+            raise
+
+    async def read(self) -> HardwareSnapshot:
+        """The hardware now (on the worker thread). Raises BackendError."""
+        backend = self._backend
+        assert backend is not None
+        return await self.call(backend.snapshot)
+
+    def commit(self, snapshot: HardwareSnapshot, settings: Settings) -> None:
+        """Make `snapshot` and `settings` the ones in force (checked by every front-end)."""
+        self._snapshot, self._settings = snapshot, settings
+        self._bump()
+
+    def plan_devices(
+        self,
+        by: str,
+        snapshot: HardwareSnapshot,
+        settings: Settings,
+        resources: Sequence[Resource],
+    ) -> DevicePlan:
+        mps, root = self.mps, settings.allocate.mps_root
+        pinned = mps.pinned_limit_mib if mps else 0
+        daemons = plan_daemons(resources, snapshot.gpus, root, pinned_limit_mib=pinned)
+        return DevicePlan(by, tuple(resources), settings.allocate, daemons)
+
+    @property
+    def cdi_problem(self) -> str | None:
+        """Why the NVIDIA Container Toolkit's CDI devices are not named (cdi-* only)."""
+        return None if self._cdi is None else self._cdi.toolkit_problem
+
+    async def provide(self, plan: DevicePlan) -> AllocateOptions:
+        self._served[plan.by] = plan
+        plans = tuple(self._served.values())
+        resources = self.resources
+        if self.holds is not None:  # before the new lists go out
+            await self.holds.check(self.snapshot, resources)
+        allocate = plan.allocate
+        if self._cdi is not None:  # before the kubelet can allocate a new device
+            allocate = await self._cdi.apply(resources, allocate)  # one settings for all
+        if self.mps is not None:  # an MPS resource is served only while its daemon does
+            daemons = [d for p in plans for d in p.daemons]
+            self.mps.apply(daemons, self.hold, plan.allocate.mps_root)  # returns at once
+        if self.monitor is not None:
+            self.monitor.set_hardware(self.snapshot, resources)
+        return allocate
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """While open: PodResources for the holds (checked at each provide)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self._pod_resources is not None:
+                pods = await stack.enter_async_context(self._pod_resources())
+                self.holds = DeviceHolds(pods, lambda held: self.hold(held, by=MOVED))
+            yield
+
+    @contextlib.asynccontextmanager
+    async def watching_health(self) -> AsyncIterator[None]:
+        """Health (events and re-probes, by the settings in force) while the block runs."""
+        assert self._backend is not None
+        settings = self.settings
+        self.monitor = HealthMonitor(
+            self._backend,
+            settings.xid_policy,
+            self.health_changed,
+            recovery=settings.recovery,
+            call=self.call,
+            metrics=self._metrics,
+        )
+        self.monitor.set_hardware(self.snapshot, self.resources)
+        async with self.monitor:
+            yield
+
+    async def follow_holds(self) -> None:
+        """Check the holds every few seconds against what is served; until cancelled."""
+        if self.holds is None:
+            await asyncio.Event().wait()
+            return
+        await self.holds.run(lambda: (self.snapshot, self.resources))
+
+    async def stop_daemons(self) -> None:
+        """Stop supervising the MPS daemons: they run on, and a successor adopts them."""
+        if self.mps is not None:
+            await self.mps.close()
+
+    async def close(self) -> None:
+        """Close the backend and its worker thread; again is a no-op."""
+        try:
+            backend, self._backend = self._backend, None
+            if backend is not None:
+                await self.call(backend.close)
+        finally:
+            self._pool.shutdown(wait=True)
+
+    # --- inside ----------------------------------------------------------------------------
+
+    def health_changed(self, unhealthy: frozenset[str]) -> list[str]:
+        """Health's own marks (the health monitor's on_change); returns the served names
+        whose lists changed, for its log lines."""
+        self._held[HEALTH] = unhealthy
+        return self._push()
+
+    def _push(self) -> list[str]:
+        merged = frozenset().union(*self._held.values())
+        if merged == self._unhealthy:
+            return []
+        self._unhealthy = merged
+        self._bump()
+        return [name for listener in self._listeners for name in listener(merged)]
+
+    def _bump(self) -> None:
+        self._generation += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
