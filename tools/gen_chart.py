@@ -388,13 +388,13 @@ def values_schema() -> dict[str, Any]:
             {
                 "enabled": {
                     **enabled,
-                    "description": "a config may use MPS: mounts root, sets MPS_ROOT and, with "
-                    "enableHostPID, hostPID",
+                    "description": "a config may use MPS: mounts root, sets MPS_ROOT and "
+                    "deploys the mps-control DaemonSet the MPS daemons run in",
                 },
                 "root": {**path, "description": "MPS_ROOT: host directory of MPS pipes"},
                 "enableHostPID": {
                     "type": "boolean",
-                    "description": "hostPID for the MPS servers the agent starts, with enabled",
+                    "description": "hostPID for the mps-control pod, where MPS servers run",
                 },
             }
         ),

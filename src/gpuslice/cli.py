@@ -250,6 +250,40 @@ def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any
         fail(exc)
 
 
+@main.command("mps-control")
+@click.option(
+    "--simulated",
+    is_flag=True,
+    help="start the testing kit's simulated control daemon instead of the control binary "
+    "(a node without GPUs, as `run --fake-hardware`)",
+)
+@flag_options("mps-control")
+@log_options
+@click.pass_context
+def mps_control(
+    ctx: click.Context, /, simulated: bool, log_level: str, log_format: str, **params: Any
+) -> None:
+    """Start MPS control daemons for the agent, from a pod of their own.
+
+    Listens on --mps-control-socket (default <mps-root>/.mps-control.sock) until
+    SIGTERM. The agent, given the same socket, has every MPS daemon started here, so
+    that the daemons and their clients outlive its restarts and upgrades; the daemons
+    keep running when this command stops, until its container ends.
+    """
+    start_logs(log_level, log_format)
+    opts = run_options(ctx, params, "mps-control")
+    from gpuslice.mps_cmd import run_mps_control
+
+    try:
+        asyncio.run(
+            _until_signalled(
+                lambda o, stop, reload: run_mps_control(o, stop, simulated=simulated), opts
+            )
+        )
+    except GpusliceError as exc:
+        fail(exc)
+
+
 async def _until_signalled(
     serve: Callable[[Any, asyncio.Event, asyncio.Event], Awaitable[None]], opts: Any
 ) -> None:

@@ -72,7 +72,7 @@ from gpuslice.services.config_source import (
 )
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.labels_node import LabelsNode
-from gpuslice.services.mps import MpsDaemons
+from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.node_metrics import node_state
@@ -281,17 +281,26 @@ def agent(
     return Agent(devices, front_ends, metrics=metrics)
 
 
-def mps_daemons(opts: RunOptions) -> MpsDaemons:
-    """MPS control daemons (started only for MPS resources); the simulated control
-    binary on simulated hardware unless --mps-control-binary names one."""
+def mps_binary(opts: RunOptions) -> list[str]:
+    """The MPS control binary: the simulated one on simulated hardware unless
+    --mps-control-binary names one."""
     binary = [opts.mps_control_binary]
     if opts.fake_hardware and binary[0] == DEFAULT_MPS_CONTROL:
         binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
-    from gpuslice.adapters.mps import ControlDaemon
+    return binary
 
+
+def mps_daemons(opts: RunOptions) -> MpsDaemons:
+    """MPS control daemons (started only for MPS resources): from `gpuslice mps-control`
+    when --mps-control-socket names it, else from the agent itself."""
+    from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
+
+    binary, socket = mps_binary(opts), opts.mps_control_socket
     return MpsDaemons(
-        lambda plan: ControlDaemon(plan, binary),
+        RemoteLauncher(socket) if socket else LocalLauncher(binary),
+        ControlCommands(binary),
         pinned_limit_mib=opts.mps_pinned_memory_limit_mib,
+        roots=(opts.mps_root,),
     )
 
 
@@ -389,7 +398,15 @@ def build_node(
         # Per-node configs are chosen later: there only flags, env vars and defaults count.
         gfd = first[1].labels if first else label_settings_of(opts, LoadedConfig(Config()))
         labels = label_output(opts, api, gfd)
-    return Node(NodeDeps(agent(opts, metrics, with_parts), manager, labels, accounting))
+    node_agent = agent(opts, metrics, with_parts)
+    mps = node_agent.node.mps
+    if mps is not None and api is not None and opts.node_name:
+        # New MPS replicas withheld while an old daemon's clients finish: on the Node.
+        async def mps_waiting(message: str) -> None:
+            await api.record_event(opts.node_name, MPS_WAITING_REASON, message, warning=True)
+
+        mps.notify = mps_waiting
+    return Node(NodeDeps(node_agent, manager, labels, accounting))
 
 
 def label_settings_of(opts: RunOptions, loaded: LoadedConfig) -> LabelSettings:

@@ -167,14 +167,27 @@ def is_hook(obj: dict[str, Any]) -> bool:
     return HOOK in (obj["metadata"].get("annotations") or {})
 
 
-def the(objects: tuple[dict[str, Any], ...], kind: str, namespace: str | None = None) -> Any:
-    """The one object of `kind` (in `namespace`) that the release installs, hooks aside."""
+def is_mps_control(obj: dict[str, Any]) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return bool(labels.get("app.kubernetes.io/component") == "mps-control")
+
+
+def the(
+    objects: tuple[dict[str, Any], ...],
+    kind: str,
+    namespace: str | None = None,
+    *,
+    mps_control: bool = False,
+) -> Any:
+    """The one object of `kind` (in `namespace`) that the release installs, hooks aside:
+    the agent's, or with `mps_control` the mps-control DaemonSet's (mps.enabled)."""
     found = [
         o
         for o in objects
         if o["kind"] == kind
         and not is_hook(o)
         and (namespace is None or o["metadata"].get("namespace") == namespace)
+        and is_mps_control(o) is mps_control
     ]
     assert len(found) == 1, f"{len(found)} {kind} objects"
     return found[0]

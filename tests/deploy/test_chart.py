@@ -164,9 +164,9 @@ def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> 
     pod = the(rendered(name), "DaemonSet")["spec"]["template"]["spec"]
     assert "hostIPC" not in pod
     assert pod.get("hostNetwork", False) is values.get("hostNetwork", False)
-    # Only the watchdog's terminate policy (host PIDs) and MPS servers need the host's PIDs.
-    mps = values.get("mps", {}).get("enabled", False)
-    assert pod.get("hostPID", False) is (terminate or mps)
+    # Only the watchdog's terminate policy (host PIDs) needs the host's PIDs here; MPS
+    # servers run in the mps-control pod (test_chart_mps).
+    assert pod.get("hostPID", False) is terminate
 
 
 def _host_pid(values: dict[str, Any]) -> bool:
@@ -181,18 +181,18 @@ MPS_JSON = '{"version": "v1", "sharing": {"mps": {"resources": [{"name": "gpu", 
 @pytest.mark.parametrize(
     ("values", "host_pid"),
     [
-        # decided by mps.enabled, never by reading the configs' text
+        # never for MPS: its servers run in the mps-control pod (test_chart_mps)
         ({"config": {"map": {"m": ADMISSION_MPS}, "default": "m"}}, False),
-        ({"config": {"map": {"m": MPS_JSON}, "default": "m"}, "mps": {"enabled": True}}, True),
+        ({"config": {"map": {"m": MPS_JSON}, "default": "m"}, "mps": {"enabled": True}}, False),
         ({"config": {"map": CONFIGS, "default": "t4-ts-4"}}, False),
         ({"config": {"name": "theirs"}}, False),
-        ({"config": {"name": "theirs"}, "mps": {"enabled": True}}, True),
+        ({"config": {"name": "theirs"}, "mps": {"enabled": True}}, False),
         ({"mps": {"enabled": True, "enableHostPID": False}}, False),
         ({"memoryBudget": {"policy": "terminate"}, "mps": {"enableHostPID": False}}, True),
         ({"memoryBudget": {"policy": "terminate"}, "accounting": {"enabled": False}}, False),
     ],
 )
-def test_the_host_pid_namespace_only_where_mps_or_terminate_needs_it(
+def test_the_agents_pod_gets_the_host_pid_namespace_only_for_the_terminate_policy(
     values: dict[str, Any], host_pid: bool
 ) -> None:
     assert _host_pid(values) is host_pid

@@ -17,9 +17,9 @@ import pytest
 
 from gpuslice.adapters.cdi_file import CdiSpecDir
 from gpuslice.adapters.deviceplugin.dirlock import HOLDER_FILE, DirLock, Holder
-from gpuslice.adapters.mps import ControlDaemon
+from gpuslice.adapters.mps import ControlCommands
+from gpuslice.adapters.mps.local import prepare_dirs
 from gpuslice.core.mps import DaemonPlan
-from gpuslice.core.ports import MpsError
 
 ME = Holder(os.getpid(), pod="agent-a", node="n1")
 
@@ -83,8 +83,8 @@ def test_mps_directories_are_never_changed_through_a_link(tmp_path: Path) -> Non
     root.mkdir(parents=True)
     (root / "shm").symlink_to(elsewhere)
     plan = DaemonPlan("nvidia.com/gpu", str(root), ("GPU-0",), (1024,), 50)
-    with pytest.raises(MpsError, match=r"shm: is a symbolic link, not a directory; refused$"):
-        ControlDaemon(plan, ["true"]).prepare_dirs()
+    with pytest.raises(OSError, match=r"shm: is a symbolic link, not a directory; refused$"):
+        prepare_dirs(plan)
     assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
 
 
@@ -93,7 +93,7 @@ def test_mps_directories_get_their_modes_whatever_the_umask(
 ) -> None:
     root = tmp_path / "mps" / "r"
     plan = DaemonPlan("r", str(root), ("GPU-0",), (1024,), 50)
-    ControlDaemon(plan, ["true"]).prepare_dirs()
+    prepare_dirs(plan)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()}
     assert modes == {"pipe": 0o755, "log": 0o755, "shm": 0o1777}
     assert stat.S_IMODE(root.stat().st_mode) == 0o755
@@ -113,11 +113,11 @@ async def test_a_control_command_running_when_the_agent_stops_is_killed(tmp_path
         started.append(proc)
         return proc
 
-    daemon = ControlDaemon(plan, [sys.executable, "-c", script])
+    commands = ControlCommands([sys.executable, "-c", script])
     monkey = pytest.MonkeyPatch()
     monkey.setattr(asyncio, "create_subprocess_exec", spawn)
     try:
-        task = asyncio.create_task(daemon.send(["get_server_list"]))
+        task = asyncio.create_task(commands.send(plan, ["get_server_list"]))
         assert started or await _until(lambda: bool(started))
     finally:
         monkey.undo()

@@ -65,6 +65,20 @@ def pod_resources_socket(plugin_dir: str) -> str:
     return os.path.join(plugin_dir, "pr", "kubelet.sock")
 
 
+def one_node_options(plugin_dir: str, config: str | os.PathLike[str]) -> RunOptions:
+    """`gpuslice run --config-file CONFIG` on node-1 of a cluster, simulating a t4x4, no
+    labels: for a node built with wiring.build_node around a stand-in API."""
+    return resolve_options(
+        {
+            "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
+            "config-file": str(config),
+            "node-name": "node-1",
+            "labels": "false",
+        },
+        fake_hardware="t4x4",
+    )
+
+
 serving = KubeletStandin.serves  # (kubelet, {resource: device count}) -> bool
 
 

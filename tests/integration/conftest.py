@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 from agent_harness import AgentLauncher, remove_dir, short_dir
 from faults_harness import FaultLauncher
+from mps_harness import kill_daemons
 from process_harness import AgentProcess
 
 from gpuslice import logs
@@ -53,6 +55,18 @@ async def launcher(plugin_dir: str) -> AsyncIterator[AgentLauncher]:
         yield agents
     finally:
         await agents.close()
+
+
+@pytest.fixture
+async def mps_root(plugin_dir: str, launcher: AgentLauncher) -> AsyncIterator[Path]:
+    """An MPS root for the test's agents. MPS daemons outlive the agents that start them:
+    the agents are stopped first (none starts one again), then every daemon left is killed."""
+    path = Path(plugin_dir) / "mps"
+    try:
+        yield path
+    finally:
+        await launcher.close()
+        kill_daemons(path)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from agent_harness import GPU, AgentLauncher, RunningAgent
-from test_agent_mps import daemon_pid, mps_config, pipe_dir
+from mps_harness import daemon_pid, mps_config, pipe_dir
 
 from gpuslice.config.options import NO_API_FOR_DRA
 from gpuslice.core.errors import ConfigError
@@ -92,15 +92,18 @@ async def test_one_agent_serves_mig_by_dra_and_whole_gpus_by_the_device_plugin(
 
 
 async def test_an_mps_claim_uses_the_nodes_own_control_daemon(
-    kubelet: KubeletStandin, launcher: AgentLauncher, api: FakeApiServer, tmp_path: Path
+    kubelet: KubeletStandin, launcher: AgentLauncher, api: FakeApiServer, mps_root: Path
 ) -> None:
-    running, dra = await start(launcher, api, "t4x4", config=mps_config(tmp_path))
+    config = mps_root.parent / "mps.yaml"
+    config.write_text(mps_config(mps_root))
+    running, dra = await start(launcher, api, "t4x4", config=config)
     try:
         assert running.served == {}  # every resource is DRA's: no device-plugin socket
+        # published once their daemon serves (held unhealthy by "mps" until then)
+        await api.wait_for(lambda s: len(s.dra.node_devices(NODE)) == 4)
         devices = api.dra.node_devices(NODE)
-        assert len(devices) == 4
         assert {d["attributes"]["sharing"]["string"] for d in devices.values()} == {"mps"}
-        assert daemon_pid(pipe_dir(tmp_path)) is not None  # started for DRA's MPS resource
+        assert daemon_pid(pipe_dir(mps_root)) is not None  # started for DRA's MPS resource
         params = {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "GpuConfig",
@@ -115,7 +118,7 @@ async def test_an_mps_claim_uses_the_nodes_own_control_daemon(
         assert "CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe" in edits["env"]
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20" in edits["env"]
         mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
-        assert mounts["/mps/nvidia.com/gpu/pipe"] == str(pipe_dir(tmp_path))
+        assert mounts["/mps/nvidia.com/gpu/pipe"] == str(pipe_dir(mps_root))
         assert await dra.unprepare(DRIVER, [a, b]) == {a[1]: "", b[1]: ""}
     finally:
         await dra.close()

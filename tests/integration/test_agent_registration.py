@@ -138,12 +138,12 @@ async def test_numa_topology_follows_the_profile(
 
 
 async def test_mps_allocation_points_the_container_at_the_daemon(
-    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+    kubelet: KubeletStandin, launcher: AgentLauncher, mps_root: Path
 ) -> None:
     """examples/mps.yaml: 4 MPS replicas per GPU; an admitted container gets the MPS
     pipe directory env and the pipe and shm mounts under mpsRoot, and a container
     asking for two replicas is refused (MPS default)."""
-    root = str(tmp_path / "mps")  # the daemons' directories go here, not to the host's /run
+    root = str(mps_root)  # the daemons' directories go here, not to the host's /run
     running = await launcher.start("t4x4", config=EXAMPLES / "mps.yaml", env={"MPS_ROOT": root})
     await running.registered(kubelet)
     assert running.served == {GPU: 16}
@@ -164,10 +164,10 @@ async def test_mps_allocation_points_the_container_at_the_daemon(
 
 
 async def test_mps_root_from_env_overrides_the_file(
-    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path
+    kubelet: KubeletStandin, launcher: AgentLauncher, mps_root: Path
 ) -> None:
     """MPS_ROOT in the environment beats flags.mpsRoot in the file."""
-    root = str(tmp_path / "srv-mps")
+    root = str(mps_root)
     running = await launcher.start("t4x4", config=EXAMPLES / "mps.yaml", env={"MPS_ROOT": root})
     await running.registered(kubelet)
     (admitted,) = await kubelet.admit("mps-pod", {"main": {GPU: 1}})

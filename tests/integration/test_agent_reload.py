@@ -6,7 +6,6 @@ so does a file emptied by a truncated write; each reload is one log line."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from agent_harness import (
     AgentLauncher,
     RunningAgent,
     is_socket,
+    one_node_options,
     registrations,
     serving,
     write_file,
@@ -24,7 +24,6 @@ from conftest import Logged
 from faults_harness import eventually
 from node_harness import time_slicing
 
-from gpuslice.config.options import resolve_options
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring import build_node
@@ -160,16 +159,7 @@ async def test_a_refused_reload_of_one_config_file_is_an_event_and_a_readiness_d
     broken keeps the last good config, records a ConfigRejected Event on the Node
     and says so in /readyz's details; the next good reload clears the detail."""
     api = MemoryNodeApi({"node-1": {}})
-    opts = resolve_options(
-        {
-            "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
-            "config-file": str(config),
-            "node-name": "node-1",
-            "labels": "false",
-        },
-        fake_hardware="t4x4",
-    )
-    node = build_node(opts, api)
+    node = build_node(one_node_options(plugin_dir, config), api)
     stop, reload = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(node.run(stop, reload))
     try:
@@ -248,16 +238,7 @@ async def test_an_emptied_file_on_sighup_is_an_event_and_a_readiness_detail(
     """Through the reload event SIGHUP sets, in a cluster: the ConfigRejected Event on the
     Node and /readyz's detail say the empty file was refused."""
     api = MemoryNodeApi({"node-1": {}})
-    opts = resolve_options(
-        {
-            "kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"),
-            "config-file": str(config),
-            "node-name": "node-1",
-            "labels": "false",
-        },
-        fake_hardware="t4x4",
-    )
-    node = build_node(opts, api)
+    node = build_node(one_node_options(plugin_dir, config), api)
     stop, reload = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(node.run(stop, reload))
     try:

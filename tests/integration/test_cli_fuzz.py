@@ -44,16 +44,17 @@ FREE_FORM = {
     "--cdi-spec-dir", "--node-name", "--node-label", "--default-config", "--namespace",
     "--pod-name", "--fake-events", "--config-name", "--pod-resources-socket", "--proc-root",
     "--mps-control-binary",  # run only under sharing.mps; a bad one holds MPS replicas back
+    "--mps-control-socket",  # the same: a socket nobody serves holds MPS replicas back
     "--dra-plugins-dir", "--dra-registry-dir",  # used (created) only with --dra
     "--dra-driver-name",  # a DNS subdomain ("abc" is one); others are refused in one line
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no
-# per-resource memory budgets (the replica's share).
+# per-resource memory budgets (the replica's share), /metrics on the status address.
 EMPTY_OK = {
     "--config-file", "--kubeconfig", "--status-address", "--fake-hardware",
     "--imex-channel-ids", "--config-file-srcdir", "--fallback-strategies", "--config-map",
-    "--memory-budget",
+    "--memory-budget", "--metrics-address",
     "--dra-device-plugin-resources",  # none kept on the device-plugin API
 }  # fmt: skip
 # A directory is a mounted ConfigMap: what is in it decides (an empty one is refused in
@@ -115,6 +116,8 @@ def _base(command: str, tmp: Path, i: int) -> dict[str, str]:
             "--node-name": "fuzz-node",
             "--log-level": "warning",
         }
+    if command == "mps-control":
+        return {"--mps-root": str(tmp / f"mps-{i}"), "--log-level": "warning"}
     return {"--fake-hardware": "t4"}
 
 
@@ -171,7 +174,7 @@ def _run(case: Case, cwd: Path) -> Outcome:
     env: dict[bytes, bytes] = {k.encode(): v.encode() for k, v in clean_env().items()}
     env.update({k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in case.env.items()})
     argv = [GPUSLICE.encode(), *(a if isinstance(a, bytes) else a.encode() for a in case.argv)]
-    wait = RUNNING_S if case.may_run and case.argv[0] == "run" else EXIT_WITHIN_S
+    wait = RUNNING_S if case.may_run and case.argv[0] in ("run", "mps-control") else EXIT_WITHIN_S
     proc = subprocess.Popen(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -230,7 +233,7 @@ def tmp() -> Iterator[Path]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("command", ["run", "labels", "inspect"])
+@pytest.mark.parametrize("command", ["run", "labels", "inspect", "mps-control"])
 def test_bad_values_of_every_option_and_env_var(command: str, tmp: Path) -> None:
     _fuzz(_cases(command, tmp), tmp)
 

@@ -123,10 +123,14 @@ FLAGS: tuple[Flag, ...] = (
           uses="run labels"),
     _flag("mps-root", "MPS_ROOT", "flags.mpsRoot", "",
           "host directory of the MPS control daemons' pipes and logs",
-          uses="run inspect", accepts="labels"),
+          uses="run inspect mps-control", accepts="labels"),
     _flag("mps-control-binary", "GPUSLICE_MPS_CONTROL_BINARY", None, "nvidia-cuda-mps-control",
-          "the MPS control binary the agent starts a daemon per MPS resource with (default "
-          "with --fake-hardware: the simulated one)"),
+          "the MPS control binary a daemon per MPS resource is started and driven with "
+          "(default with --fake-hardware: the simulated one)", uses="run mps-control"),
+    _flag("mps-control-socket", "GPUSLICE_MPS_CONTROL_SOCKET", None, "",
+          "socket of `gpuslice mps-control`, which MPS daemons are started from (unset: "
+          "the agent starts them itself, and they live as long as its container)",
+          uses="run mps-control"),
     _flag("mps-pinned-memory-limit", "GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None, 0,
           "pinned device memory limit of each MPS client in MiB (0: the GPU's memory "
           "divided by its replicas, as upstream)", kind=COUNT, uses="run inspect"),

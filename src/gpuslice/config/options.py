@@ -62,6 +62,8 @@ class RunOptions:
     memory_budgets: Mapping[str, int] = field(default_factory=dict)
     memory_budget_policy: Policy = Policy.REPORT
     mps_control_binary: str = ""
+    mps_control_socket: str = ""  # gpuslice mps-control's; empty: daemons started here
+    mps_root: str = ""  # as given (flag, env var), not the file's: where past daemons may run
     mps_pinned_memory_limit_mib: int = 0
     # With --kubelet-socket "" (do not register): a private directory of this process
     # for the plugin sockets, so the node's device-plugin directory is never touched.
@@ -190,6 +192,8 @@ def resolve_options(
         memory_budgets=parse_budgets(text("memory-budget")),
         memory_budget_policy=Policy(text("memory-budget-policy")),
         mps_control_binary=text("mps-control-binary"),
+        mps_control_socket=text("mps-control-socket"),
+        mps_root=text("mps-root"),
         mps_pinned_memory_limit_mib=_count(value("mps-pinned-memory-limit")),
         dra=DraOptions(
             driver=text("dra-driver-name"),

@@ -149,3 +149,34 @@ def _mib(text: str) -> int | None:
     scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}.get(text[-1:])
     value = _number(text[:-1] if scale is not None else text)
     return None if value is None else round(value * (scale or 1))
+
+
+@dataclass(frozen=True)
+class RunningDaemon:
+    """A control daemon found running in a resource's pipe directory."""
+
+    root: str
+    pid: int
+    # The GPUs it was started with, as recorded when gpuslice started it; None when no
+    # record matches it (started by someone else, or the record was lost).
+    gpu_uuids: tuple[str, ...] | None
+
+
+def keeps(running: RunningDaemon, plan: DaemonPlan) -> bool:
+    """Whether `running` can serve `plan` as it is: a daemon's GPUs are fixed when it
+    starts (CUDA_VISIBLE_DEVICES); its limits are not (set_default_* on the daemon)."""
+    return running.root == plan.root and running.gpu_uuids == plan.gpu_uuids
+
+
+def server_commands(plan: DaemonPlan, server: str) -> list[str]:
+    """The limits of `plan` for the new clients of a running server (MPS applies
+    set_default_* only to servers started after them)."""
+    lines = [
+        f"set_device_pinned_mem_limit {server} {i} {mib}M" for i, mib in enumerate(plan.pinned_mib)
+    ]
+    return [*lines, f"set_active_thread_percentage {server} {plan.thread_percentage}"]
+
+
+def pids(text: str) -> tuple[str, ...]:
+    """The PIDs in an answer of get_server_list or get_client_list, one a line."""
+    return tuple(w for w in text.split() if w.isdigit())

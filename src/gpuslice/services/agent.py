@@ -93,9 +93,11 @@ class Agent:
                     )
                     await self._follow(stop)
         finally:
+            # First: the MPS daemons run on unsupervised, so a successor can adopt them
+            # while the front-ends hand over to it.
+            await node.stop_daemons()
             for front_end in self.front_ends:
                 await front_end.stop()
-            await node.stop_daemons()
             for front_end in self.front_ends:
                 front_end.release()  # a successor may serve now, while we close the rest
             log.info("agent_stopped")

@@ -65,8 +65,9 @@ class Node:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once every front-end serves and is known to the kubelet, or waits to take
-        over from a predecessor (a `waiting` detail); details say why not, and which config
-        is in force (a rejected one is reported here too)."""
+        over from a predecessor (a `waiting` detail), and no MPS resource waits for an old
+        daemon's clients; details say why not, and which config is in force (a rejected
+        one is reported here too)."""
         front_ends = self.agent.front_ends
         details: dict[str, Any] = {}
         for front_end in front_ends:
@@ -75,6 +76,11 @@ class Node:
         ready = started and all(f.ready() for f in front_ends)
         if self.devices.unavailable is not None:
             details["backend"] = self.devices.unavailable
+        mps = self.devices.mps
+        if mps is not None and mps.daemons:  # new replicas withheld for an old daemon's clients
+            waiting = mps.waiting
+            ready = ready and not waiting
+            details["mps"] = {"daemons": mps.status(), "waiting": waiting}
         if not self.manager.one_config:
             details["config"] = self.manager.status.as_dict()
         elif self.manager.rejected is not None:  # one config file, re-read on SIGHUP

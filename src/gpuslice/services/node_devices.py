@@ -62,7 +62,7 @@ class NodeDevices:
     ) -> None:
         self._open_backend = open_backend
         self._cdi = cdi
-        self._mps = mps
+        self.mps = mps  # the MPS daemons' supervisors (readiness reads their waits)
         self._pod_resources = pod_resources
         self._metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
@@ -165,7 +165,7 @@ class NodeDevices:
         settings: Settings,
         resources: Sequence[Resource],
     ) -> DevicePlan:
-        mps, root = self._mps, settings.allocate.mps_root
+        mps, root = self.mps, settings.allocate.mps_root
         pinned = mps.pinned_limit_mib if mps else 0
         daemons = plan_daemons(resources, snapshot.gpus, root, pinned_limit_mib=pinned)
         return DevicePlan(by, tuple(resources), settings.allocate, daemons)
@@ -184,8 +184,9 @@ class NodeDevices:
         allocate = plan.allocate
         if self._cdi is not None:  # before the kubelet can allocate a new device
             allocate = await self._cdi.apply(resources, allocate)  # one settings for all
-        if self._mps is not None:  # an MPS resource is served only while its daemon answers
-            await self._mps.apply([d for p in plans for d in p.daemons], self.hold)
+        if self.mps is not None:  # an MPS resource is served only while its daemon does
+            daemons = [d for p in plans for d in p.daemons]
+            self.mps.apply(daemons, self.hold, plan.allocate.mps_root)  # returns at once
         if self.monitor is not None:
             self.monitor.set_hardware(self.snapshot, resources)
         return allocate
@@ -224,9 +225,9 @@ class NodeDevices:
         await self.holds.run(lambda: (self.snapshot, self.resources))
 
     async def stop_daemons(self) -> None:
-        """Stop the MPS daemons (after the front-ends stopped serving)."""
-        if self._mps is not None:
-            await self._mps.close()
+        """Stop supervising the MPS daemons: they run on, and a successor adopts them."""
+        if self.mps is not None:
+            await self.mps.close()
 
     async def close(self) -> None:
         """Close the backend and its worker thread; again is a no-op."""

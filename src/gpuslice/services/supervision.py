@@ -63,6 +63,7 @@ class State(enum.Enum):
     SERVING = "serving"  # a plugin server: serving, not registered, a Register retry due
     REGISTERED = "registered"
     BLOCKED = "blocked"  # a plugin server: another plugin serves our socket path
+    WAITING = "waiting"  # an MPS daemon: an old daemon's clients to leave before it starts
     BACKING_OFF = "backing_off"  # it failed: started again after a backoff
     STOPPED = "stopped"
     FAILED = "failed"  # the restart budget is spent

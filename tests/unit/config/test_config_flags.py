@@ -415,6 +415,7 @@ UPSTREAM = {
     "dra-registry-dir": ("GPUSLICE_DRA_REGISTRY_DIR", None),
     "cdi-spec-dir": ("CDI_SPEC_DIR", None),
     "mps-control-binary": ("GPUSLICE_MPS_CONTROL_BINARY", None),
+    "mps-control-socket": ("GPUSLICE_MPS_CONTROL_SOCKET", None),
     "mps-pinned-memory-limit": ("GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None),
 }
 
@@ -459,7 +460,7 @@ def test_config_reference_documents_every_flag_and_env_var() -> None:
 # ---- which commands take each flag
 
 
-COMMANDS = {"run", "labels", "inspect"}
+COMMANDS = {"run", "labels", "inspect", "mps-control"}
 # GPU Feature Discovery's own flags: `gpuslice labels` takes each, as a GFD DaemonSet passes them.
 GFD_FLAGS = {
     "mig-strategy", "fail-on-init-error", "mps-root", "driver-root", "dev-root",

@@ -7,7 +7,15 @@ import dataclasses
 import pytest
 
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.mps import DaemonPlan, max_clients, plan_daemons
+from gpuslice.core.mps import (
+    DaemonPlan,
+    RunningDaemon,
+    keeps,
+    max_clients,
+    pids,
+    plan_daemons,
+    server_commands,
+)
 from gpuslice.core.resources import build_resources
 from gpuslice.core.sharing import MIG_NONE, MPS, ReplicaRule
 
@@ -85,3 +93,38 @@ def test_client_cap_by_compute_capability(capability: tuple[int, int], cap: int)
 def test_mismatches_read_the_daemons_answers(pinned: list[str], threads: str, wrong: int) -> None:
     (plan,) = plans(4, b.gpu(0))
     assert len(plan.mismatches(pinned, threads)) == wrong
+
+
+PLAN = DaemonPlan("nvidia.com/gpu", "/mps/nvidia.com/gpu", ("GPU-a", "GPU-b"), (100, 200), 25)
+
+
+@pytest.mark.parametrize(
+    ("running", "kept"),
+    [
+        (RunningDaemon(PLAN.root, 7, ("GPU-a", "GPU-b")), True),
+        (RunningDaemon(PLAN.root, 7, ("GPU-a",)), False),  # other GPUs: a new daemon
+        (RunningDaemon(PLAN.root, 7, ("GPU-b", "GPU-a")), False),  # other ordinals
+        (RunningDaemon(PLAN.root, 7, None), False),  # not started by gpuslice
+        (RunningDaemon("/mps/nvidia.com/gpu.shared", 7, ("GPU-a", "GPU-b")), False),
+    ],
+)
+def test_a_running_daemon_keeps_a_plan_only_with_its_gpus(
+    running: RunningDaemon, kept: bool
+) -> None:
+    """Limits never decide it: set_default_* change them on the running daemon."""
+    assert keeps(running, PLAN) is kept
+    other_limits = dataclasses.replace(PLAN, pinned_mib=(1, 1), thread_percentage=50)
+    assert keeps(running, other_limits) is kept
+
+
+def test_server_commands_give_a_running_server_the_plans_limits() -> None:
+    assert server_commands(PLAN, "4242") == [
+        "set_device_pinned_mem_limit 4242 0 100M",
+        "set_device_pinned_mem_limit 4242 1 200M",
+        "set_active_thread_percentage 4242 25",
+    ]
+
+
+def test_pids_read_one_a_line_and_skip_anything_else() -> None:
+    assert pids("12\n 34 \n\nServer 5 gone\n") == ("12", "34", "5")
+    assert pids("") == ()

@@ -100,10 +100,23 @@ accounting to see them. */}}
 {{- end }}
 
 {{/* "true" when the agent's pod needs the host's PID namespace: the watchdog signals host PIDs
-(terminate policy), or MPS may be used (mps.enabled) and mps.enableHostPID allows it. */}}
+(terminate policy). MPS servers need it too, but they run in the mps-control pod. */}}
 {{- define "gpuslice.hostPID" -}}
-{{- $mps := and .Values.mps.enabled .Values.mps.enableHostPID }}
-{{- if or (include "gpuslice.terminate" .) $mps }}true{{ end }}
+{{- if include "gpuslice.terminate" . }}true{{ end }}
+{{- end }}
+
+{{/* The mps-control DaemonSet's selector labels: a name of its own, so that neither
+DaemonSet's selector matches the other's pods (NVIDIA's chart gives both one selector, #982). */}}
+{{- define "gpuslice.mpsControlSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-mps-control" (include "gpuslice.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: mps-control
+{{- end }}
+
+{{/* The socket of `gpuslice mps-control` (mps.enabled), which the agent has every MPS daemon
+started from. */}}
+{{- define "gpuslice.mpsControlSocket" -}}
+{{- printf "%s/.mps-control.sock" (trimSuffix "/" .Values.mps.root) }}
 {{- end }}
 
 {{/* "true" when MIG may be in use or devices are passed as volume mounts: as NVIDIA's chart,

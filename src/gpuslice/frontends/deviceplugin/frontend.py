@@ -6,8 +6,8 @@ for preferred allocations, and the kubelet's directory followed (kubelet_watch).
 In a rolling update the device-plugin directory passes from agent to agent
 (adapters.deviceplugin.handover): `start` takes it once a predecessor lets go (ready to
 take over meanwhile), `run` says when every list reached the kubelet, and `stop` keeps
-the kubelet's streams open until a successor serves, unless MPS daemons run (a successor
-would start its own: never side by side); `release` lets go once they are stopped."""
+the kubelet's streams open until a successor serves (MPS daemons run on, and the
+successor adopts them); `release` lets go once they are stopped."""
 
 from __future__ import annotations
 
@@ -161,9 +161,7 @@ class DevicePluginFrontEnd:
     async def stop(self) -> None:
         try:
             claim = self._claim
-            if claim is not None and not (self._plan is not None and self._plan.daemons):
-                # Serve on until a successor has registered (MPS daemons, which a
-                # successor would start again, are never run side by side).
+            if claim is not None:  # serve on until a successor has registered
                 self.manager.release_sockets()
                 await claim.hand_over()
                 self._claim = None
