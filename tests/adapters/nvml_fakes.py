@@ -385,8 +385,14 @@ def host_tree(snapshot: HardwareSnapshot, root: Path) -> tuple[Path, Path]:
     lines = ["config 1", "monitor 2"]
     for gpu in snapshot.gpus:
         domain, rest = gpu.pci_bus_id.split(":", 1)
-        device = sys_root / "bus/pci/devices" / f"{int(domain, 16):04x}:{rest.lower()}"
-        device.mkdir(parents=True)
+        name = f"{int(domain, 16):04x}:{rest.lower()}"
+        device = sys_root / "bus/pci/devices" / name
+        if gpu.pcie_root:  # as sysfs has it: a link into the device tree under its root
+            (sys_root / "devices" / gpu.pcie_root / name).mkdir(parents=True)
+            device.parent.mkdir(parents=True, exist_ok=True)
+            device.symlink_to(f"../../../devices/{gpu.pcie_root}/{name}")
+        else:
+            device.mkdir(parents=True)
         numa = -1 if gpu.numa_node is None else gpu.numa_node
         (device / "numa_node").write_text(f"{numa}\n")
         for mig in gpu.mig_devices:

@@ -106,6 +106,7 @@ gpus:
   - model: t4
     count: 2
     numa_node: 0
+    pcie_root: pci0000:00
   - name: NVIDIA L4
     memory_mib: 23034
     compute_capability: "8.9"
@@ -133,6 +134,7 @@ def test_a_node_file_with_compact_and_explicit_gpus(tmp_path: Path) -> None:
     snapshot = FakeBackend.from_spec(str(path)).snapshot()
     t4a, t4b, l4, a100 = snapshot.gpus
     assert (t4a.name, t4b.name, t4a.numa_node, t4b.minor) == ("Tesla T4", "Tesla T4", 0, 1)
+    assert (t4a.pcie_root, t4b.pcie_root, l4.pcie_root) == ("pci0000:00", "pci0000:00", "")
     assert t4a.uuid != t4b.uuid
     assert t4a.pci_bus_id != t4b.pci_bus_id
     assert (l4.uuid, l4.minor, l4.pci_bus_id) == (

@@ -15,7 +15,7 @@ from nvml_fakes import FakeNvml, host_tree, open_backend
 import gpuslice.adapters.nvml as nvml_package
 from gpuslice.adapters.fake import load_spec, profile_names
 from gpuslice.adapters.nvml import NvmlBackend
-from gpuslice.adapters.nvml.host import read_mig_minors, read_numa_node
+from gpuslice.adapters.nvml.host import read_mig_minors, read_numa_node, read_pcie_root
 from gpuslice.adapters.nvml.inventory import profile_from_size
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
@@ -34,6 +34,15 @@ def test_the_snapshot_reproduces_what_nvml_and_the_host_report(
     backend = open_backend(FakeNvml(expected, switch_links=SWITCH_LINKS.get(profile, 0)), tmp_path)
     assert backend.snapshot() == expected
     assert backend.watched_gpus == tuple(g.uuid for g in expected.gpus)
+
+
+def test_each_gpu_reports_the_pcie_root_its_sysfs_link_names(tmp_path: Path) -> None:
+    t4s = load_spec("t4x4")
+    roots = ("pci0000:00", "pci0000:00", "pci0000:80", "")
+    rooted = replace(
+        t4s, gpus=tuple(replace(g, pcie_root=r) for g, r in zip(t4s.gpus, roots, strict=True))
+    )
+    assert open_backend(FakeNvml(rooted), tmp_path).snapshot() == rooted
 
 
 def test_direct_nvlinks_are_counted_per_peer(tmp_path: Path) -> None:
@@ -77,6 +86,16 @@ def test_a_missing_mig_capability_line_is_an_error(tmp_path: Path) -> None:
         BackendError, match=r"MIG device MIG-\S+: no gi13/ci0 access in .*mig-minors"
     ):
         backend.snapshot()
+
+
+def test_the_pcie_root_is_read_from_the_device_link_text_not_followed(tmp_path: Path) -> None:
+    devices = tmp_path / "bus/pci/devices"
+    devices.mkdir(parents=True)
+    (devices / "0001:8a:00.0").symlink_to("../../../devices/pci0001:80/0001:80:02.0/0001:8a:00.0")
+    assert read_pcie_root(tmp_path, "00000001:8A:00.0") == "pci0001:80"  # target never made
+    (devices / "0000:07:00.0").mkdir()  # a directory, not sysfs's link: no root named
+    assert read_pcie_root(tmp_path, "00000000:07:00.0") == ""
+    assert read_pcie_root(tmp_path, "00000000:3b:00.0") == ""
 
 
 def test_host_files_numa_node_and_mig_minors(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ class Gpu:
     compute_capability: tuple[int, int]
     pci_bus_id: str = ""
     numa_node: int | None = None
+    pcie_root: str = ""  # the PCIe root complex above it, as sysfs names it ("pci0000:00")
     brand: str = ""
     architecture: str = ""
     # PCI class code as sysfs shows it: 0x030200 (3D controller) for a GPU in compute

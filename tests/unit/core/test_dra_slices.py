@@ -47,10 +47,9 @@ def test_standard_forms_of_bus_ids_and_versions() -> None:
 
 
 def test_gpu_attributes_are_nvidias_names() -> None:
-    snap = dataclasses.replace(b.snapshot(b.gpu(0, numa_node=1)), cuda_driver_version=12040)
-    (gpu,) = build_devices(
-        snap, build_resources(snap, b.settings()), pcie_roots={"0000:07:00.0": "pci0000:00"}
-    )
+    one = dataclasses.replace(b.gpu(0, numa_node=1), pcie_root="pci0000:00")
+    snap = dataclasses.replace(b.snapshot(one), cuda_driver_version=12040)
+    (gpu,) = build_devices(snap, build_resources(snap, b.settings()))
     assert gpu.attributes["type"] == {"string": "gpu"}
     assert gpu.attributes["uuid"] == {"string": b.gpu_uuid(0)}
     assert gpu.attributes["productName"] == {"string": b.A100}

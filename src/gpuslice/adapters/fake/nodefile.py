@@ -25,7 +25,7 @@ NODE_KEYS = ("name", "machine", "driver_version", "nvml_version", "cuda_driver_v
 TOP_KEYS = (*NODE_KEYS, "gpus", "nvlink", "imex_channels")
 GPU_KEYS = (
     "model", "count", "name", "uuid", "minor", "memory_mib", "compute_capability",
-    "pci_bus_id", "numa_node", "brand", "architecture", "multiprocessors",
+    "pci_bus_id", "numa_node", "pcie_root", "brand", "architecture", "multiprocessors",
     "mig_capable", "mig_enabled", "mig_devices", "processes",
 )  # fmt: skip
 PER_GPU_KEYS = ("uuid", "minor", "pci_bus_id")
@@ -157,6 +157,7 @@ def _gpu_entry(f: Fields, node: str, first_index: int) -> list[Gpu]:
                 compute_capability=base.compute_capability,
                 pci_bus_id=_pci_bus_id(f, index),
                 numa_node=f.opt_integer("numa_node"),
+                pcie_root=f.opt_text("pcie_root") or "",
                 brand=base.brand,
                 architecture=base.architecture,
                 multiprocessors=base.multiprocessors,

@@ -5,6 +5,7 @@ Every reader takes its root directory, so tests point it at a temporary tree.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 MIG_MINORS = "driver/nvidia-caps/mig-minors"
@@ -26,6 +27,19 @@ def read_numa_node(sys_root: Path, bus_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+def read_pcie_root(sys_root: Path, bus_id: str) -> str:
+    """The PCIe root complex above the device ("pci0000:00"), from the link text of
+    <sys>/bus/pci/devices/<bus ID> (../../../devices/pci0000:00/0000:00:01.0/...): the
+    link is read, never followed; "" when it is missing or names no root."""
+    domain, rest = bus_id.split(":", 1)
+    name = f"{int(domain, 16):04x}:{rest.lower()}"
+    try:
+        target = os.readlink(sys_root / "bus/pci/devices" / name)
+    except (OSError, ValueError):
+        return ""
+    return next((part for part in target.split("/") if part.startswith("pci")), "")
 
 
 def read_machine(sys_root: Path) -> str:

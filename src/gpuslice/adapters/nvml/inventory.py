@@ -23,6 +23,7 @@ from gpuslice.adapters.nvml.host import (
     read_machine,
     read_mig_minors,
     read_numa_node,
+    read_pcie_root,
 )
 from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import BackendError
@@ -185,6 +186,7 @@ class Inventory:
             compute_capability=(int(major), int(minor_cc)),
             pci_bus_id=bus_id,
             numa_node=read_numa_node(self._sys_root, bus_id),
+            pcie_root=read_pcie_root(self._sys_root, bus_id),
             brand=BRANDS.get(informational(nv.nvmlDeviceGetBrand, handle), ""),
             architecture=ARCHITECTURES.get(informational(nv.nvmlDeviceGetArchitecture, handle), ""),
             multiprocessors=int(attributes.multiprocessorCount) if attributes else 0,

@@ -126,11 +126,8 @@ def semver(text: str) -> str:
 def build_devices(
     snapshot: HardwareSnapshot,
     resources: Iterable[Resource],
-    pcie_roots: Mapping[str, str] | None = None,
 ) -> tuple[DraDevice, ...]:
-    """One device per GPU or MIG device behind `resources`, sorted by name.
-    `pcie_roots` maps a GPU's standard PCI bus ID to its PCIe root (pci0000:00)."""
-    roots = pcie_roots or {}
+    """One device per GPU or MIG device behind `resources`, sorted by name."""
     gpus = {g.uuid: g for g in snapshot.gpus}
     out: dict[str, DraDevice] = {}
     for res in resources:
@@ -139,7 +136,7 @@ def build_devices(
             gpu = gpus.get(adv.gpu_uuid)
             if gpu is None or adv.physical_id in out:
                 continue
-            common = _common(snapshot, gpu, roots)
+            common = _common(snapshot, gpu)
             if adv.is_mig:
                 mig = next((m for m in gpu.mig_devices if m.uuid == adv.physical_id), None)
                 if mig is None:
@@ -163,7 +160,7 @@ def build_devices(
     return tuple(sorted(out.values(), key=lambda d: d.name))
 
 
-def _common(snapshot: HardwareSnapshot, gpu: Gpu, roots: Mapping[str, str]) -> dict[str, Json]:
+def _common(snapshot: HardwareSnapshot, gpu: Gpu) -> dict[str, Json]:
     attrs: dict[str, Json] = {
         "productName": _string(gpu.name),
         "brand": _string(gpu.brand),
@@ -176,9 +173,8 @@ def _common(snapshot: HardwareSnapshot, gpu: Gpu, roots: Mapping[str, str]) -> d
     if snapshot.cuda_driver_version:
         major, minor = divmod(snapshot.cuda_driver_version, 1000)
         attrs["cudaDriverVersion"] = {"version": f"{major}.{minor // 10}.0"}
-    root = roots.get(pci_bus_id(gpu.pci_bus_id), "")
-    if root:
-        attrs[f"{STANDARD}/pcieRoot"] = _string(root)
+    if gpu.pcie_root:
+        attrs[f"{STANDARD}/pcieRoot"] = _string(gpu.pcie_root)
     if gpu.numa_node is not None:
         attrs[f"{STANDARD}/numaNode"] = {"int": gpu.numa_node}
     return {k: v for k, v in attrs.items() if v != {"string": ""}}

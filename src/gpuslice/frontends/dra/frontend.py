@@ -49,7 +49,6 @@ class DraFrontEnd:
         endpoint: DraEndpoint,
         *,
         device_plugin: Collection[str] = (),
-        pcie_roots: Mapping[str, str] | None = None,
         check_s: float = 1.0,
         retry: Backoff = PUBLISH_RETRY,
         on_stop: Callable[[], Awaitable[None]] | None = None,  # release the API client
@@ -64,7 +63,6 @@ class DraFrontEnd:
         self.publisher = publisher
         self.endpoint = endpoint
         self._device_plugin = frozenset(device_plugin)
-        self._roots = dict(pcie_roots or {})
         self._check_s = check_s
         self._retry = retry
         self._poked = asyncio.Event()
@@ -82,7 +80,7 @@ class DraFrontEnd:
             build_resources(snapshot, settings.resources), self._device_plugin
         )
         plan = self._view.plan_devices(NAME, snapshot, settings, resources)  # MPS: may raise
-        devices = build_devices(snapshot, resources, self._roots)
+        devices = build_devices(snapshot, resources)
 
         async def step() -> None:
             await self._view.provide(plan)  # the MPS daemons of its MPS resources among them
