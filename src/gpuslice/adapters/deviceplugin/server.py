@@ -177,12 +177,7 @@ class DevicePluginServer:
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch  # ends with the server, reporting nothing
-        if self._bound is not None and file_id(self.socket_path) == self._bound:
-            try:
-                _unlink(self.socket_path)
-            except OSError as exc:  # stopping must not fail: the next start says why
-                _log.warning("plugin_socket_not_removed", socket=self.socket_path, error=str(exc))
-        self._bound = None
+        self.release_socket()  # a failure is logged: the next start says why
         _log.info("plugin_stopped", resource=self.resource_name, socket=self.socket_path)
 
 
