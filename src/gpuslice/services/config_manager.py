@@ -44,13 +44,13 @@ from gpuslice.core.selection import (
     check_fallbacks,
     choose_config,
 )
+from gpuslice.core.waiting import unless_stopped
 from gpuslice.services.config_source import Entries, EntrySource
 from gpuslice.services.off_loop import read_config
 
 log = structlog.get_logger("gpuslice.config")
 
 S = TypeVar("S")
-T = TypeVar("T")
 REJECTED_REASON = "ConfigRejected"
 DEBOUNCE_S = 0.1
 
@@ -197,9 +197,10 @@ class ConfigManager(Generic[S]):
         try:
             async with contextlib.AsyncExitStack() as opened:
                 # The first reads may hang on a silent API server: a stop ends them.
-                entry_changes = await _unless_stopped(stop, self._open(labels, opened))
-                if entry_changes is None:
+                first = await unless_stopped(self._open(labels, opened), stop)
+                if first is None:
                     return
+                entry_changes = first.result()
                 loops = [self._start(), self._follow_entries(entry_changes), self._settle()]
                 if labels is not None:
                     loops.append(self._follow_labels(labels))
@@ -387,20 +388,6 @@ class ConfigManager(Generic[S]):
             await reload.wait()
             reload.clear()
             await self.reload()
-
-
-async def _unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
-    """`work`'s result, or None when `stop` is set first (`work` is then cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, stopper, return_exceptions=True)
-    return None if task.cancelled() else task.result()
 
 
 async def _run_until(stop: asyncio.Event, loops: list[Coroutine[Any, Any, None]]) -> None:
