@@ -42,7 +42,7 @@ class LocalLauncher:
         name = os.path.basename(self._binary[-1])
         if code != 0:
             raise MpsError(f"{name} -d exited with status {code}: {out.strip()}")
-        pid = _pid(plan.root)
+        pid = await asyncio.to_thread(_pid, plan.root)
         if pid is None:
             raise MpsError(f"{name} -d returned, but no daemon runs in {plan.pipe_dir}")
         record = json.dumps({"pid": pid, "gpus": list(plan.gpu_uuids)})
