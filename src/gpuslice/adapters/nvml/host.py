@@ -17,13 +17,18 @@ def normal_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):08X}:{rest.upper()}"
 
 
+def _sysfs_device(sys_root: Path, bus_id: str) -> Path:
+    """<sys>/bus/pci/devices/<bus ID as sysfs names it> ("0000:07:00.0")."""
+    domain, rest = bus_id.split(":", 1)
+    return sys_root / "bus/pci/devices" / f"{int(domain, 16):04x}:{rest.lower()}"
+
+
 def read_numa_node(sys_root: Path, bus_id: str) -> int | None:
     """<sys>/bus/pci/devices/<bus ID as sysfs names it>/numa_node; None when
     unreadable or negative (no NUMA information)."""
-    domain, rest = bus_id.split(":", 1)
-    name = f"{int(domain, 16):04x}:{rest.lower()}"
+    device = _sysfs_device(sys_root, bus_id)
     try:
-        node = int((sys_root / "bus/pci/devices" / name / "numa_node").read_text().strip())
+        node = int((device / "numa_node").read_text().strip())
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
@@ -33,10 +38,9 @@ def read_pcie_root(sys_root: Path, bus_id: str) -> str:
     """The PCIe root complex above the device ("pci0000:00"), from the link text of
     <sys>/bus/pci/devices/<bus ID> (../../../devices/pci0000:00/0000:00:01.0/...): the
     link is read, never followed; "" when it is missing or names no root."""
-    domain, rest = bus_id.split(":", 1)
-    name = f"{int(domain, 16):04x}:{rest.lower()}"
+    device = _sysfs_device(sys_root, bus_id)
     try:
-        target = os.readlink(sys_root / "bus/pci/devices" / name)
+        target = os.readlink(device)
     except (OSError, ValueError):
         return ""
     return next((part for part in target.split("/") if part.startswith("pci")), "")
