@@ -23,7 +23,6 @@ from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS, ResourceState
 from gpuslice.core.ports import (
     ClaimDir,
-    DevicePlan,
     DirectoryClaim,
     DirWatch,
     FrontEndStep,
@@ -65,7 +64,6 @@ class DevicePluginFrontEnd:
         self._watch = watch
         self._claim_dir = claim_dir
         self._claim: DirectoryClaim | None = None
-        self._plan: DevicePlan | None = None  # the last served
         self.waiting_for: str | None = None  # the predecessor holding the directory, if any
         self.manager = PluginManager(
             endpoint_factory, control_devices=control_devices, budget=budget, metrics=metrics
@@ -102,7 +100,6 @@ class DevicePluginFrontEnd:
 
         async def step() -> None:
             allocate = await self._node.provide(plan)
-            self._plan = plan
             topology = Topology.from_snapshot(snapshot)
             await self.manager.apply(resources, allocate, topology)
             if not resources:
