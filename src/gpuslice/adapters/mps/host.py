@@ -72,7 +72,14 @@ class MpsHost:
                     answer = await self.answer(json.loads(line))
                 except (HostError, MpsError) as exc:
                     answer = {"error": str(exc)}
-                except (ValueError, TypeError, KeyError, TimeoutError, asyncio.LimitOverrunError):
+                except (
+                    ValueError,
+                    TypeError,
+                    KeyError,
+                    RecursionError,  # JSON nested deeper than the parser goes
+                    TimeoutError,
+                    asyncio.LimitOverrunError,
+                ):
                     answer = {"error": "not a request this host answers"}
             writer.write(json.dumps(answer).encode() + b"\n")
             await writer.drain()
@@ -164,7 +171,13 @@ class RemoteLauncher:
             answer = json.loads(line)
             if not isinstance(answer, dict):
                 raise ValueError
-        except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError) as exc:
+        except (
+            OSError,
+            TimeoutError,
+            ValueError,
+            RecursionError,
+            asyncio.LimitOverrunError,
+        ) as exc:
             raise MpsError(f"{where} did not answer: {_why(exc)}") from None
         finally:
             writer.close()
