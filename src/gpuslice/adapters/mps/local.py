@@ -80,7 +80,7 @@ def _running(root: str) -> RunningDaemon | None:
     try:
         record = json.loads(read_text(os.path.join(root, RECORD), limit=_SMALL, follow=False))
         gpus = tuple(str(g) for g in record["gpus"]) if record["pid"] == pid else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         gpus = None
     return RunningDaemon(root, pid, gpus)
 
