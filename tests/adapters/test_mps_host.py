@@ -112,3 +112,27 @@ async def test_a_pid_file_older_than_its_process_is_a_crashed_daemons(tmp_path: 
     assert found.pid == os.getpid()
     os.utime(pid_file, (1.0, 1.0))  # written in 1970: long before this process started
     assert await launcher.running(str(pipe.parent)) is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"daemons": 5}, {"daemons": {"root": "/mps"}}, {"daemons": [{"root": "/mps"}]}],
+    ids=["a-number", "a-mapping", "a-daemon-without-pid"],
+)
+async def test_an_answer_of_the_wrong_shape_is_one_line(
+    tmp_path: Path, answer: dict[str, object]
+) -> None:
+    async def host(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(json.dumps(answer).encode() + b"\n")
+        await writer.drain()
+        writer.close()
+
+    socket = str(tmp_path / "host.sock")
+    server = await asyncio.start_unix_server(host, socket)
+    try:
+        with pytest.raises(MpsError, match=r"^the MPS control host answered "):
+            await RemoteLauncher(socket).found("/mps")
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -148,7 +148,10 @@ class RemoteLauncher:
 
     async def found(self, mps_root: str) -> tuple[RunningDaemon, ...]:
         answer = await self._ask({"op": "found", "root": mps_root}, ANSWER_TIMEOUT_S)
-        return tuple(_daemon(d) for d in answer.get("daemons") or ())
+        daemons = answer.get("daemons") or []
+        if not isinstance(daemons, list):
+            raise MpsError(f"the MPS control host answered {str(answer)[:200]!r}")
+        return tuple(_daemon(d) for d in daemons)
 
     async def exited(self, daemon: RunningDaemon) -> None:
         """Return once `daemon` exits, or once the host can no longer tell (its
