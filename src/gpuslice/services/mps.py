@@ -30,7 +30,6 @@ import contextlib
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 import structlog
 
@@ -55,9 +54,8 @@ class MustWait(Exception):  # noqa: N818 - reads as what it means
     """The daemon there has clients and cannot stay: its new one waits for them."""
 
 
-@dataclass(frozen=True)
 class Replan:
-    changed: bool  # the plan is another one
+    """The plan is another one."""
 
 
 class _Daemon:
@@ -176,13 +174,13 @@ class _Supervisor(Supervisor):
     def begin(self) -> None:
         self._post(Start())
 
-    def replan(self, changed: bool) -> None:
-        self._post(Replan(changed))
+    def replan(self) -> None:
+        self._post(Replan())
 
     async def _handle(self, event: object) -> None:
         if not isinstance(event, Replan):
             await super()._handle(event)
-        elif self.state is State.FAILED and event.changed:
+        elif self.state is State.FAILED:
             self._failures = FailureRun()  # a new plan after giving up is tried afresh
             await self._bring_up()
         elif self.state not in (State.NEW, State.STOPPED, State.FAILED):
@@ -331,7 +329,7 @@ class MpsDaemons:
         if supervisor.state is State.NEW:
             supervisor.begin()
         elif changed:
-            supervisor.replan(changed)
+            supervisor.replan()
 
     async def _adopt_unwanted(self, mps_root: str) -> None:
         """Daemons found under `mps_root` that no plan wants: retired once idle."""
