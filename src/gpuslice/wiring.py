@@ -24,6 +24,7 @@ from gpuslice.adapters.deviceplugin.dirlock import Holder, claim, directory_pres
 from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
 from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.outside_files import read_text
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.options import (
     DEFAULT_MACHINE_TYPE_FILE,
@@ -447,15 +448,17 @@ def label_output(opts: RunOptions, api: NodeApi | None, gfd: LabelSettings) -> L
     )
 
 
+MACHINE_TYPE_MAX_BYTES = 64 * 1024  # sysfs reports a page; a name is a line
+
+
 def machine_type(opts: RunOptions, path: str) -> str | None:
     """The machine type from `path`; None (the snapshot's own) when unreadable, and on
     simulated hardware unless a file other than the default is named (the host's DMI
     name would otherwise replace the simulated node's)."""
     if opts.fake_hardware and path == DEFAULT_MACHINE_TYPE_FILE:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or None
+    try:  # a regular file of a machine's name, read without blocking or growing
+        return read_text(path, limit=MACHINE_TYPE_MAX_BYTES, errors="replace").strip() or None
     except OSError:
         return None
 
