@@ -4,16 +4,25 @@
 # the wheels of the locked dependencies are kept while requirements/runtime.lock is unchanged,
 # and an unchanged tree reuses buildah's layer cache.
 #
-#   deploy/image/build.sh [--rebuild-base [--update-base-lock]]
+#   deploy/image/build.sh [--rebuild-base] [--refresh-base]
 #
-# Reproducible: the base's Debian packages are those of deploy/image/base-packages.lock (a base
-# with any other set fails the build), the wheels those whose sha256 the runtime lock pins, and
-# every timestamp (files, image config) is SOURCE_DATE_EPOCH, by default the last commit's time,
-# so two builds of one commit give the same image digest.
+# --rebuild-base   make the base anew from Debian's newest packages
+# --refresh-base   the same, then record its package list in deploy/image/base-packages.list
+#
+# Reproducible as far as Debian's archive allows: it serves only the newest version of each
+# package, so the base takes the newest python3, libstdc++6 and ca-certificates, never pinned
+# versions that would stop building on the day of a security update. The base records the
+# exact list it got (name=version, in /usr/share/gpuslice/base-packages.list and in the label
+# io.gpuslice.base-packages, both inherited by the image), and every build compares it with
+# deploy/image/base-packages.list, the list last recorded: a difference is reported, with the
+# command that records it, and never fails the build. The wheels are those whose sha256 the
+# runtime lock pins, and every timestamp (files, image config) is SOURCE_DATE_EPOCH, by default
+# the last commit's time, so two builds of one commit in one run give the same image digest.
 #
 # Environment:
 #   IMAGE        the tag to build (default localhost/gpuslice:<version from pyproject.toml>)
 #   BASE_IMAGE   the base the Dockerfile's FROM names (default localhost/gpuslice-base:bookworm)
+#   BASE_PACKAGES_LIST  the recorded package list (default deploy/image/base-packages.list)
 #   PYTHON       a Python 3.11 with pip, to fetch and build the wheels (default python3)
 #   SOURCE_URL   org.opencontainers.image.source (default: the git remote "origin", if any)
 #   SOURCE_DATE_EPOCH  every timestamp in the image (default: the last commit's time)
@@ -30,15 +39,16 @@ base_image=${BASE_IMAGE:-localhost/gpuslice-base:bookworm}
 python=${PYTHON:-python3}
 pip_version=25.3 # runs the install inside the build stage; never part of the image
 pip_sha256=9655943313a94722b7774661c21049070f6bbb0a1516bf02f7c8d5d9201514cd
-base_lock="$here/base-packages.lock"
+recorded=${BASE_PACKAGES_LIST:-$here/base-packages.list}
+packages_label=io.gpuslice.base-packages
 rebuild_base=0
-update_base_lock=0
+refresh_base=0
 
 for arg in "$@"; do
     case $arg in
         --rebuild-base) rebuild_base=1 ;;
-        --update-base-lock) update_base_lock=1 ;;
-        *) echo "build.sh: error: unknown argument $arg (allowed: --rebuild-base, --update-base-lock)" >&2; exit 2 ;;
+        --refresh-base) rebuild_base=1 refresh_base=1 ;;
+        *) echo "build.sh: error: unknown argument $arg (allowed: --rebuild-base, --refresh-base)" >&2; exit 2 ;;
     esac
 done
 if [[ -z ${SOURCE_DATE_EPOCH:-} ]]; then
@@ -71,12 +81,10 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
     start=$(now)
     tarball="$work/base-bookworm.tar"
     rm -f "$tarball"
-    # No mirror named: mmdebstrap uses Debian's archive with bookworm-updates and -security.
-    # The packages named are installed at their locked versions; SOURCE_DATE_EPOCH makes
-    # mmdebstrap clamp every mtime and drop its logs, so the same packages give the same tar.
-    include=$(grep -E '^(python3|libstdc\+\+6|ca-certificates)=' "$base_lock" | paste -sd, -)
-    if [[ $update_base_lock == 1 ]]; then include=python3,libstdc++6,ca-certificates; fi
-    mmdebstrap --quiet --variant=essential --include="$include" \
+    # No mirror named: mmdebstrap uses Debian's archive with bookworm-updates and -security, and
+    # takes the newest version of each package. SOURCE_DATE_EPOCH makes mmdebstrap clamp every
+    # mtime and drop its logs, so the same packages give the same tar.
+    mmdebstrap --quiet --variant=essential --include=python3,libstdc++6,ca-certificates \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --aptopt='APT::Install-Recommends "false"' \
         --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -86,30 +94,38 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
         --dpkgopt='path-exclude=/usr/share/doc/*' \
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --format=tar bookworm "$tarball" </dev/null
-    installed=$(tar -xOf "$tarball" ./var/lib/dpkg/status \
-        | awk '/^Package: /{p=$2} /^Version: /{print p "=" $2}' | sort -u)
-    if [[ $update_base_lock == 1 ]]; then
-        { grep '^#' "$base_lock"; echo "$installed"; } > "$base_lock.tmp" && mv "$base_lock.tmp" "$base_lock"
-        echo "build.sh: wrote $base_lock"
-    elif ! diff <(grep -v '^#' "$base_lock") <(echo "$installed") >"$work/base-packages.diff"; then
-        echo "build.sh: error: the base's Debian packages differ from $base_lock (< locked, > built):" >&2
-        cat "$work/base-packages.diff" >&2
-        echo "build.sh: review the change, then: deploy/image/build.sh --rebuild-base --update-base-lock" >&2
-        exit 1
-    fi
+    tar -xOf "$tarball" ./var/lib/dpkg/status \
+        | awk '/^Package: /{p=$2} /^Version: /{print p "=" $2}' | LC_ALL=C sort -u >"$work/base-packages.list"
     ctr=$(buildah from scratch)
     buildah add --quiet "$ctr" "$tarball" /
+    buildah copy --quiet --chmod 0644 "$ctr" "$work/base-packages.list" /usr/share/gpuslice/base-packages.list
     buildah config \
         --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         --env LANG=C.UTF-8 \
         --cmd '["/usr/bin/python3"]' \
         --label org.opencontainers.image.description="Debian bookworm with python3, from deploy/image/build.sh" \
+        --label "$packages_label=$(paste -sd' ' "$work/base-packages.list")" \
         "$ctr"
     buildah commit --quiet --rm --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$base_image" >/dev/null
     rm -f "$tarball"
     echo "build.sh: base $base_image built in $(since "$start") s"
 else
     echo "build.sh: base $base_image present"
+fi
+
+# The package list the base holds, compared with the one last recorded: reported, never fatal.
+got=$(buildah inspect --type image --format "{{index .OCIv1.Config.Labels \"$packages_label\"}}" "$base_image")
+if [[ -z $got || $got == "<no value>" ]]; then
+    echo "build.sh: note: $base_image records no package list (built before lists were recorded); --rebuild-base makes one that does"
+elif [[ $refresh_base == 1 ]]; then
+    { grep '^#' "$recorded"; tr ' ' '\n' <<<"$got"; } >"$recorded.tmp" && mv "$recorded.tmp" "$recorded"
+    echo "build.sh: recorded the base's $(wc -w <<<"$got") packages in $recorded"
+elif ! diff <(grep -v '^#' "$recorded") <(tr ' ' '\n' <<<"$got") >"$work/base-packages.diff"; then
+    echo "build.sh: note: the base's Debian packages differ from those last recorded (< recorded, > in $base_image):"
+    sed 's/^/build.sh:   /' "$work/base-packages.diff"
+    echo "build.sh: note: to record them: deploy/image/build.sh --refresh-base, then commit $(basename "$recorded")"
+else
+    echo "build.sh: base packages: as recorded ($(wc -w <<<"$got"))"
 fi
 
 # 2. The build context: wheels of the locked runtime dependencies (fetched once per lock),
