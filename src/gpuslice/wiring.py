@@ -312,7 +312,12 @@ async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
     from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
-    client = PodResourcesClient(opts.pod_resources_socket, checkpoint, timeout_s=2.0)
+    client = PodResourcesClient(
+        opts.pod_resources_socket,
+        checkpoint,
+        timeout_s=2.0,
+        kubelet_socket=opts.kubelet_socket,
+    )
     try:
         yield client
     finally:
@@ -563,13 +568,16 @@ def device_plugin_of(node: Node) -> DevicePluginFrontEnd:
 
 def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
     """The kubelet's PodResources API and device checkpoint (None: accounting is off).
-    Nothing connects until the first sample: a missing socket fails samples, not the agent."""
+    Nothing connects until the first sample, and none while no kubelet is there: a missing
+    socket fails samples, not the agent."""
     if not opts.accounting:
         return None
     from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
-    return PodResourcesClient(opts.pod_resources_socket, checkpoint)
+    return PodResourcesClient(
+        opts.pod_resources_socket, checkpoint, kubelet_socket=opts.kubelet_socket
+    )
 
 
 def accounting(
