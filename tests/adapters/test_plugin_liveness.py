@@ -10,7 +10,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from kubelet_fakes import FakeHandler, make_resource, short_dir
@@ -20,7 +20,7 @@ from gpuslice.adapters.deviceplugin.liveness import PROBE_S, serves_device_plugi
 from gpuslice.core.ports import SocketTaken
 
 GPU = "nvidia.com/gpu"
-Squat = Callable[[asyncio.StreamReader, asyncio.StreamWriter], object]
+Squat = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
