@@ -433,9 +433,12 @@ class NodeState(Protocol):
         (a front-end's lists change before the change is logged)."""
         ...
 
-    def on_toolkit(self, listener: Callable[[ToolkitDevices], None]) -> None:
+    def on_toolkit(
+        self, listener: Callable[[ToolkitDevices], None], *, always: bool = False
+    ) -> None:
         """Call `listener(found)` whenever the NVIDIA Container Toolkit's CDI spec files
-        change so that its devices differ (it appeared, went, or names others)."""
+        change so that its devices differ (it appeared, went, or names others): while the
+        settings use a cdi-* strategy, or `always` (a front-end that names them anyway)."""
         ...
 
     def plan_devices(

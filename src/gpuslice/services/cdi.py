@@ -63,14 +63,18 @@ class CdiSpecs:
         self._is_spec = is_spec
         self._listeners: list[ToolkitListener] = []
         self._in_use = False  # the settings served use a cdi-* strategy
+        self._always = False  # a listener needs the toolkit's devices whatever the settings
         self.toolkit = ToolkitDevices()  # as last looked up
         self._said_source = ""  # the spec file the last found line named
         self.error: str | None = None  # why the last write failed, until one succeeds
         self.toolkit_problem: str | None = None  # why the toolkit's devices are not named
 
-    def on_toolkit(self, listener: ToolkitListener) -> None:
-        """Call `listener(found)` whenever a watched change finds other toolkit devices."""
+    def on_toolkit(self, listener: ToolkitListener, *, always: bool = False) -> None:
+        """Call `listener(found)` whenever a watched change finds other toolkit devices:
+        while the settings served use a cdi-* strategy, or `always` (DRA names them in
+        every claim). With neither, a change is not looked up."""
         self._listeners.append(listener)
+        self._always = self._always or always
 
     async def follow_toolkit(self) -> None:
         """Look the toolkit's spec up again on every change of a spec file in its
@@ -99,6 +103,8 @@ class CdiSpecs:
 
     async def _look_up_again(self) -> None:
         assert self._find_toolkit is not None
+        if not (self._in_use or self._always):
+            return  # read at the next apply that needs it
         found = await asyncio.to_thread(self._find_toolkit)
         if found == self.toolkit:
             return

@@ -126,11 +126,14 @@ class NodeDevices:
     def on_unhealthy(self, listener: UnhealthyListener) -> None:
         self._listeners.append(listener)
 
-    def on_toolkit(self, listener: Callable[[ToolkitDevices], None]) -> None:
+    def on_toolkit(
+        self, listener: Callable[[ToolkitDevices], None], *, always: bool = False
+    ) -> None:
         """Told the NVIDIA Container Toolkit's CDI devices whenever a change of its spec
-        files finds others (while `running`); nothing without CDI specs."""
+        files finds others (while `running`; under a cdi-* strategy, or `always`);
+        nothing without CDI specs."""
         if self._cdi is not None:
-            self._cdi.on_toolkit(listener)
+            self._cdi.on_toolkit(listener, always=always)
 
     async def call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)

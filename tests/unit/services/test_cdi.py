@@ -107,7 +107,7 @@ async def test_a_burst_of_spec_changes_is_one_lookup_and_listeners_hear_of_chang
         is_spec=lambda name: name.endswith(".yaml"),
     )
     told: list[ToolkitDevices] = []
-    specs.on_toolkit(told.append)
+    specs.on_toolkit(told.append, always=True)
     following = asyncio.create_task(specs.follow_toolkit())
     try:
         await watch.opened.wait()

@@ -60,7 +60,7 @@ class DraFrontEnd:
         self._on_stop = on_stop
         self._view = node
         if find_toolkit is not None:  # the spec appearing or going while it runs
-            node.on_toolkit(self._use_toolkit)
+            node.on_toolkit(self._use_toolkit, always=True)
         self.driver = driver
         self.publisher = publisher
         self.endpoint = endpoint
