@@ -6,9 +6,7 @@ Every request is bounded: a request line over MAX_LINE bytes is answered 414, he
 over MAX_HEADER_BYTES or MAX_HEADER_LINES 431, each in one line; the whole request
 must arrive and the answer be taken within `timeout_s`, or the connection is closed;
 beyond `max_connections` open at once, the oldest is closed, so that slow clients
-can neither pile up file descriptors nor keep the kubelet's probes out. A client that
-leaves mid-exchange (a reset, a close before reading the reply) is its own problem
-only: one debug line. /metrics
+can neither pile up file descriptors nor keep the kubelet's probes out. /metrics
 is rendered off the loop (the agent's state is read on it first, which is cheap), one
 render at a time: every request that arrives while one runs shares it. The port is
 bound with SO_REUSEPORT, so that an agent's successor started beside it (sharing the
@@ -166,8 +164,8 @@ class StatusServer:
                     await _drain_input(reader)
                 writer.close()
                 await writer.wait_closed()
-        except OSError as exc:  # a slow or vanished client (ENOTCONN, a reset, a timeout)
-            log.debug("status_client_gone", error=_why(exc))
+        except OSError as exc:  # a slow or vanished client (ENOTCONN, a reset, a timeout):
+            log.debug("status_client_gone", error=_why(exc))  # its problem only
             writer.transport.abort()  # its fd is freed now
         finally:
             self._open.pop(transport, None)
