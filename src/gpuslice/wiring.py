@@ -264,7 +264,7 @@ def dra_front_end(opts: RunOptions, devices: NodeDevices) -> DraFrontEnd:
         SlicePublisher(api, node=opts.node_name, opts=dra),
         DraServer(driver, registry_dir=opts.dra_registry_dir, plugin_dir=plugin_dir),
         device_plugin=opts.dra_device_plugin_resources,
-        find_toolkit=partial(find_toolkit_devices, opts.cdi_spec_dir),
+        find_toolkit=partial(find_toolkit_devices, toolkit_dirs(opts)),
         on_stop=api.aclose,
     )
 
@@ -312,7 +312,12 @@ async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
     from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
-    client = PodResourcesClient(opts.pod_resources_socket, checkpoint, timeout_s=2.0)
+    client = PodResourcesClient(
+        opts.pod_resources_socket,
+        checkpoint,
+        timeout_s=2.0,
+        kubelet_socket=opts.kubelet_socket,
+    )
     try:
         yield client
     finally:
@@ -324,15 +329,35 @@ def cdi_specs(opts: RunOptions, control: tuple[str, ...]) -> CdiSpecs | None:
     reload may switch to a cdi-* strategy, and writes nothing under the others."""
     if not opts.cdi_spec_dir:
         return None
-    from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, present_nodes
+    from gpuslice.adapters.cdi_file import (
+        CdiSpecDir,
+        find_toolkit_devices,
+        is_spec_name,
+        present_nodes,
+    )
 
     extra = {} if opts.fake_hardware else {k: present_nodes(v) for k, v in EXTRA_NODES.items()}
+    dirs = toolkit_dirs(opts)
     return CdiSpecs(
         CdiSpecDir(opts.cdi_spec_dir),
         control_devices=control,
         extra_nodes=extra,
-        find_toolkit=partial(find_toolkit_devices, opts.cdi_spec_dir),
+        find_toolkit=partial(find_toolkit_devices, dirs),
+        toolkit_dirs=dirs,
+        watch=_cdi_watch,
+        is_spec=is_spec_name,
     )
+
+
+def toolkit_dirs(opts: RunOptions) -> tuple[str, ...]:
+    """Where the NVIDIA Container Toolkit's CDI spec is looked for, in the runtimes' order
+    of precedence: the dynamic directory (--cdi-spec-dir), then the static one."""
+    return tuple(dict.fromkeys(d for d in (opts.cdi_spec_dir, opts.cdi_static_dir) if d))
+
+
+def _cdi_watch(path: str, names: Collection[str] | None) -> DirEvents:
+    """A CDI directory: not through a link, polled twice a second where inotify fails."""
+    return DirWatcher(path, names, poll_interval=0.5, follow=False)
 
 
 def toolkit_problem(opts: RunOptions, allocate: AllocateOptions) -> str | None:
@@ -341,7 +366,7 @@ def toolkit_problem(opts: RunOptions, allocate: AllocateOptions) -> str | None:
         return None
     from gpuslice.adapters.cdi_file import find_toolkit_devices
 
-    return find_toolkit_devices(opts.cdi_spec_dir).problem
+    return find_toolkit_devices(toolkit_dirs(opts)).problem
 
 
 def node_api(opts: RunOptions) -> NodeApi | None:
@@ -563,13 +588,16 @@ def device_plugin_of(node: Node) -> DevicePluginFrontEnd:
 
 def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
     """The kubelet's PodResources API and device checkpoint (None: accounting is off).
-    Nothing connects until the first sample: a missing socket fails samples, not the agent."""
+    Nothing connects until the first sample, and none while no kubelet is there: a missing
+    socket fails samples, not the agent."""
     if not opts.accounting:
         return None
     from gpuslice.adapters.podresources import PodResourcesClient
 
     checkpoint = os.path.join(opts.plugin_dir, "kubelet_internal_checkpoint")
-    return PodResourcesClient(opts.pod_resources_socket, checkpoint)
+    return PodResourcesClient(
+        opts.pod_resources_socket, checkpoint, kubelet_socket=opts.kubelet_socket
+    )
 
 
 def accounting(

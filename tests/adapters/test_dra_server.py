@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
@@ -137,10 +136,37 @@ async def test_sockets_are_removed_on_stop_and_left_alone_when_taken(root: str) 
     await server.stop()
     assert not present(server.service_path)
     assert not present(server.registration_path)
-    with socket.socket(socket.AF_UNIX) as other:
-        other.bind(server.service_path)
-        other.listen()
+    other = DraServer(Handler(), registry_dir=f"{root}/reg", plugin_dir=f"{root}/p")
+    await other.start()  # a live DRA plugin answers on both sockets
+    try:
         with pytest.raises(SocketTaken, match="another process serves"):
             await server.start()
-        assert present(server.service_path)
+        assert other.sockets_present()
+    finally:
+        await other.stop()
     assert not server.sockets_present()
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.read()
+    writer.close()
+
+
+@pytest.mark.parametrize("which", ["service", "registration"])
+async def test_a_socket_that_does_not_answer_the_api_is_replaced(root: str, which: str) -> None:
+    """Accepting connections is not serving: a squatter on either path that says
+    nothing is no plugin, and its file is replaced."""
+    server = DraServer(Handler(), registry_dir=f"{root}/reg", plugin_dir=f"{root}/p")
+    path = server.service_path if which == "service" else server.registration_path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    squatter = await asyncio.start_unix_server(_silent, path)
+    try:
+        theirs = os.lstat(path).st_ino
+        await server.start()
+        try:
+            assert server.sockets_present()
+            assert os.lstat(path).st_ino != theirs
+        finally:
+            await server.stop()
+    finally:
+        squatter.close()

@@ -12,7 +12,15 @@ import pytest
 from kubelet_fakes import FakeHandler, make_resource, short_dir
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer, KubeletEndpoint, RegistrationError
-from gpuslice.adapters.deviceplugin.dirlock import HOLDER_FILE, DirLock, Holder, acquire, claim
+from gpuslice.adapters.deviceplugin.dirlock import (
+    HOLDER_FILE,
+    WAITING_FILE,
+    DirLock,
+    Holder,
+    acquire,
+    claim,
+    successor_waiting,
+)
 from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.core.ports import SocketTaken
 from gpuslice.testing.kubelet import KubeletStandin
@@ -180,3 +188,41 @@ async def test_the_same_pid_in_another_pod_is_another_agent(plugin_dir: str) -> 
     new.mark_serving()
     assert await asyncio.wait_for(handing, 5)
     new.release()
+
+
+async def test_a_hand_over_waits_for_a_successor_however_slowly_it_takes_the_lock(
+    plugin_dir: str,
+) -> None:
+    """A successor waiting for the lock says so (a shared flock the kernel drops with
+    it): the old agent waits for it even when it is slow to take the lock (a loaded
+    machine), rather than ending its streams after a fixed 0.1 s."""
+    old, new = DirLock(plugin_dir, _holder(1)), DirLock(plugin_dir, _holder(2))
+    assert old.try_acquire()
+    waiting = asyncio.Event()
+    slow = 20 * 0.05  # the successor looks at the lock far less often than arrive_s
+    taking = asyncio.create_task(
+        acquire(new, asyncio.Event(), poll_s=slow, waiting=lambda _: waiting.set())
+    )
+    await waiting.wait()
+    assert successor_waiting(plugin_dir)
+    handing = asyncio.create_task(DirClaim(old).hand_over(arrive_s=0.05))
+    assert await asyncio.wait_for(taking, 10)
+    assert not successor_waiting(plugin_dir)
+    assert WAITING_FILE not in os.listdir(plugin_dir)  # the last waiter removes it
+    assert not handing.done()
+    DirClaim(new).serving()
+    assert await asyncio.wait_for(handing, 10)
+    new.release()
+
+
+async def test_a_waiter_that_died_is_not_waited_for(plugin_dir: str) -> None:
+    old, new = DirLock(plugin_dir, _holder(1)), DirLock(plugin_dir, _holder(2))
+    assert old.try_acquire()
+    stop = asyncio.Event()
+    waiting = asyncio.Event()
+    taking = asyncio.create_task(acquire(new, stop, waiting=lambda _: waiting.set()))
+    await waiting.wait()
+    stop.set()  # it gives up (as a process that ends drops its flock)
+    assert not await taking
+    assert not successor_waiting(plugin_dir)
+    assert not await DirClaim(old).hand_over(arrive_s=0.05)

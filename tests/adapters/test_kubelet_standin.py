@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -249,3 +250,79 @@ async def test_node_status_reads_like_kubectl_describe_node(
 async def test_wait_for_times_out_naming_the_node_status(kubelet: KubeletStandin) -> None:
     with pytest.raises(TimeoutError, match=r"not met within 0\.05s; node status: NodeStatus"):
         await kubelet.wait_for(lambda k: k.endpoint(GPU) is not None, timeout_s=0.05)
+
+
+class _SilentPlugin(pb_grpc.DevicePluginServicer):
+    """A plugin that registers but sends its first list only once `release` is set;
+    it allocates whatever it is asked, once `answer` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.allocating = asyncio.Event()  # set while an Allocate call is in
+        self.answer = asyncio.Event()  # Allocate answers once this is set
+        self.answer.set()
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: object
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions()
+
+    async def Allocate(self, request: pb.AllocateRequest, context: object) -> pb.AllocateResponse:
+        self.allocating.set()
+        await self.answer.wait()
+        answers = [pb.ContainerAllocateResponse() for _ in request.container_requests]
+        return pb.AllocateResponse(container_responses=answers)
+
+    async def ListAndWatch(
+        self, request: pb.Empty, context: object
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        await self.release.wait()
+        yield pb.ListAndWatchResponse(devices=[pb.Device(ID="only", health="Healthy")])
+        await asyncio.Event().wait()
+
+
+@pytest.fixture
+async def silent(kubelet: KubeletStandin, plugin_dir: str) -> AsyncIterator[_SilentPlugin]:
+    """A _SilentPlugin registered for GPU (after `plugin`, when a test asks for both)."""
+    silent = _SilentPlugin()
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(silent, server)
+    path = os.path.join(plugin_dir, "silent.sock")
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    try:
+        request = pb.RegisterRequest(version="v1beta1", endpoint="silent.sock", resource_name=GPU)
+        async with grpc.aio.insecure_channel(f"unix://{kubelet.socket_path}") as channel:
+            await pb_grpc.RegistrationStub(channel).Register(request)
+        yield silent
+    finally:
+        await server.stop(None)
+
+
+async def test_a_new_registration_keeps_capacity_until_its_first_list(
+    kubelet: KubeletStandin, plugin: DevicePluginServer, silent: _SilentPlugin
+) -> None:
+    """As the kubelet keeps a resource's devices until the new client's first list, a
+    registration never makes the node's capacity 0 (the scheduler would then refuse a
+    pod as Insufficient, which no upgrade does on a real node)."""
+    assert kubelet.endpoint(GPU) == "silent.sock"
+    status = kubelet.node_status()
+    assert (status.capacity[GPU], status.allocatable[GPU]) == (3, 3)  # the old list
+    await kubelet.admit("during", {"main": {GPU: 1}})  # not Insufficient
+    silent.release.set()
+    await kubelet.wait_for(lambda k: k.node_status().capacity[GPU] == 1)
+
+
+async def test_an_allocate_cut_short_by_a_dropped_client_fails_admission(
+    kubelet: KubeletStandin, plugin: DevicePluginServer, silent: _SilentPlugin
+) -> None:
+    """The kubelet dropping a client (a restart here) while its Allocate is in flight
+    fails that pod's admission, as the kubelet's closed connection does; the caller
+    sees an AdmissionError, never a CancelledError it did not ask for."""
+    silent.answer.clear()
+    admitting = asyncio.create_task(kubelet.admit("cut", {"main": {GPU: 1}}))
+    await silent.allocating.wait()
+    await kubelet.restart()
+    with pytest.raises(AdmissionError, match="code = Canceled") as failed:
+        await admitting
+    assert failed.value.code == "CANCELLED"

@@ -220,7 +220,10 @@ def test_the_mps_root_is_created_and_mounted_only_when_mps_may_be_used() -> None
 
 def test_a_cdi_strategy_mounts_the_cdi_spec_directory() -> None:
     spec_dir = FLAGS_BY_NAME["cdi-spec-dir"].default_text
-    assert host_paths(rendered("cdi-cri"))[spec_dir] == (spec_dir, "DirectoryOrCreate", False)
+    paths = host_paths(rendered("cdi-cri"))
+    assert paths[spec_dir] == (spec_dir, "DirectoryOrCreate", False)
+    # the static directory, read only, for the toolkit's spec
+    assert paths["/etc/cdi"] == ("/etc/cdi", "DirectoryOrCreate", True)
 
 
 def test_an_inline_config_with_a_cdi_strategy_mounts_it_too() -> None:

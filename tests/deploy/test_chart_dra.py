@@ -71,6 +71,7 @@ def test_the_agent_gets_dra_flags_it_accepts_and_the_plugin_directories() -> Non
     assert values["dra-device-plugin-resources"] == ("nvidia.com/gpu",)
     mounts = {m["mountPath"] for m in container(objects)["volumeMounts"]}
     assert {f"{KUBELET}/plugins", f"{KUBELET}/plugins_registry", "/var/run/cdi"} <= mounts
+    assert "/etc/cdi" in mounts  # read for the toolkit's spec
     pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     hosts = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {f"{KUBELET}/plugins", f"{KUBELET}/plugins_registry"} <= hosts

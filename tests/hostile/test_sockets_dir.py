@@ -1,8 +1,9 @@
 """Sockets in the device-plugin directory: a second agent refused (by the lock, or by
 another plugin's live socket) stops without touching the first's socket or lock file;
 our socket replaced by another process's (renamed over it: inotify says created, not
-deleted) is noticed, and served again at once when nobody answers there, or as soon as
-the live process that answers there is gone."""
+deleted) is noticed, and served again at once when no device plugin answers there (a
+dead file, or a process that accepts and does not speak the API), or as soon as the live
+plugin that answers there is gone."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import sys
 from typing import Any
 
+import pytest
 from agent_harness import GPU, AgentLauncher, is_socket, registrations, serving
 from faults_harness import eventually
 from process_harness import AgentProcess
@@ -77,13 +79,6 @@ async def test_a_refused_agent_stopping_leaves_the_other_plugins_socket(
         await other.stop()
 
 
-LISTENER = (
-    "import socket, sys, time\n"
-    "s = socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen()\n"
-    "print('listening', flush=True)\ntime.sleep(60)\n"
-)
-
-
 async def test_our_socket_replaced_by_a_dead_socket_is_served_again_at_once(
     kubelet: KubeletStandin, launcher: AgentLauncher
 ) -> None:
@@ -100,35 +95,81 @@ async def test_our_socket_replaced_by_a_dead_socket_is_served_again_at_once(
     await answers_allocate(kubelet)
 
 
-async def test_our_socket_replaced_by_a_live_one_is_noticed_and_served_once_it_goes(
+async def test_our_socket_replaced_by_a_live_plugin_is_noticed_and_served_once_it_goes(
     kubelet: KubeletStandin, launcher: AgentLauncher, logged: list[dict[str, Any]]
 ) -> None:
-    """A live process answering on our path is another plugin: gpuslice never fights
-    one (faults.md), so it steps back, touching nothing, and serves once it is gone."""
+    """A process answering the device-plugin API on our path is another plugin: gpuslice
+    never fights one (faults.md), so it steps back, touching nothing, and serves once it
+    is gone."""
     running = await launcher.start("t4")
     await running.registered(kubelet)
     ours = running.socket("nvidia-gpu.sock")
-    theirs = os.path.join(running.plugin_dir, "intruder.sock")
-    other = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", LISTENER, theirs, stdout=asyncio.subprocess.PIPE
+    (resource,) = build_resources(load_spec("t4"), ResourceSettings())
+    other = DevicePluginServer(
+        ResourceHandler(resource, AllocateOptions()), running.plugin_dir, "intruder.sock"
     )
+    await other.start()
     try:
-        assert other.stdout is not None
-        assert await other.stdout.readline() == b"listening\n"
-        intruder = os.lstat(theirs).st_ino
-        os.rename(theirs, ours)  # the kubelet would now talk to the other process
+        intruder = os.lstat(other.socket_path).st_ino
+        os.rename(other.socket_path, ours)  # the kubelet would now talk to the other plugin
         await eventually(
             lambda: running.plugin.manager.registered() == {GPU: False}, "stepped back"
         )
         assert any(e["event"] == "plugin_socket_in_use" for e in logged)
         assert os.lstat(ours).st_ino == intruder  # left alone while it answers
     finally:
-        other.kill()
-        await other.wait()
+        await other.stop()
     # its socket file stays behind, dead: found so at the next look, and replaced
     await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 1}), 15)
     assert os.lstat(ours).st_ino != intruder
     await answers_allocate(kubelet)
+
+
+SQUATTER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen()\n"
+    "print('listening', flush=True)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    if sys.argv[2] == 'garbage':\n"
+    "        try:\n"
+    "            c.sendall(bytes(range(256)) * 16)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    conns = globals().setdefault('conns', [])\n"
+    "    conns.append(c)\n"
+)
+
+
+@pytest.mark.parametrize("says", ["nothing", "garbage"])
+async def test_our_socket_taken_by_a_process_that_is_no_plugin_is_served_again(
+    kubelet: KubeletStandin, launcher: AgentLauncher, logged: list[dict[str, Any]], says: str
+) -> None:
+    """A process that binds our path, accepts connections and says nothing (or sends
+    garbage) does not speak the device-plugin API: the agent does not step back for it
+    but binds its own socket again and registers, and Allocate is answered."""
+    running = await launcher.start("t4")
+    await running.registered(kubelet)
+    ours = running.socket("nvidia-gpu.sock")
+    theirs = os.path.join(running.plugin_dir, "squatter.sock")
+    squatter = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SQUATTER, theirs, says, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert squatter.stdout is not None
+        assert await squatter.stdout.readline() == b"listening\n"
+        placed = os.lstat(theirs).st_ino
+        os.rename(theirs, ours)
+        await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 1}), 15)
+        assert os.lstat(ours).st_ino != placed  # ours again, the squatter still running
+        assert squatter.returncode is None
+        assert running.plugin.manager.registered() == {GPU: True}
+        assert not any(e["event"] == "plugin_socket_in_use" for e in logged)
+        await answers_allocate(kubelet)
+    finally:
+        if squatter.returncode is None:
+            squatter.kill()
+        await squatter.wait()
 
 
 async def test_stopping_never_removes_a_socket_put_over_ours(plugin_dir: str) -> None:

@@ -10,6 +10,7 @@ drive and observe it. Every wait is on a condition.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -171,6 +172,7 @@ class AgentLauncher:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
         self.cdi_spec_dir = os.path.join(plugin_dir, "cdi")
+        self.cdi_static_dir = os.path.join(plugin_dir, "etc-cdi")
         self._running: list[RunningAgent] = []
 
     def options(
@@ -192,13 +194,15 @@ class AgentLauncher:
         if config is not None:
             cli["config-file"] = str(config)
         cli.update(flags or {})
-        return resolve_options(
+        opts = resolve_options(
             cli,
             dict(env or {}),
             config_name=config_name,
             fake_hardware=hardware,
             fake_events=os.path.join(self.plugin_dir, "events.jsonl"),
         )
+        # Nor is the host's /etc/cdi read for the toolkit's spec: a directory of the test's.
+        return dataclasses.replace(opts, cdi_static_dir=self.cdi_static_dir)
 
     async def start(
         self,

@@ -34,6 +34,7 @@ from gpuslice.core.settings import Settings
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
+from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
@@ -52,8 +53,10 @@ class NodeHealth:
         self.devices = devices
 
     @classmethod
-    async def open(cls, hardware: str, settings: Settings) -> NodeHealth:
-        devices = NodeDevices(lambda: FakeBackend.from_spec(hardware))
+    async def open(
+        cls, hardware: str, settings: Settings, cdi: CdiSpecs | None = None
+    ) -> NodeHealth:
+        devices = NodeDevices(lambda: FakeBackend.from_spec(hardware), cdi=cdi)
         await devices.open()
         devices.commit(await devices.read(), settings)
         return cls(devices)
@@ -168,9 +171,10 @@ async def dra_rig(
     config: str | None = None,
     opts: DraOptions | None = None,
     flags: dict[str, str] | None = None,
+    cdi: CdiSpecs | None = None,  # the node's CDI specs (its toolkit lookup followed)
     **kw: Any,
 ) -> AsyncIterator[DraRig]:
-    health = await NodeHealth.open(hardware, node_settings(tmp, config, **(flags or {})))
+    health = await NodeHealth.open(hardware, node_settings(tmp, config, **(flags or {})), cdi)
     snapshot = health.devices.snapshot
     async with FakeApiServer() as api:
         kubelet = DraKubeletStandin(os.path.join(root, "registry"), os.path.join(root, "cdi"))

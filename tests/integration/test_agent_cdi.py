@@ -4,9 +4,12 @@ follows reloads (strategy, MIG layout, renames), ignores health and outlives the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +304,49 @@ async def test_a_missing_toolkit_spec_is_said_once_and_kept_for_readiness(
     (device,) = sorted(kubelet.devices(GPU))[:1]
     (answer,) = await kubelet.allocate(GPU, [[device]])
     assert all(n.startswith(KIND) for n in cdi_names(answer))  # served all the same
+
+
+async def _toolkit_named(kubelet: KubeletStandin, gpu: str, device: str) -> bool:
+    (answer,) = await kubelet.allocate(GPU, [[device]])
+    return f"nvidia.com/gpu={gpu}" in cdi_names(answer)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> float:
+    """Seconds until `check()` holds, asked every 20 ms (a bound only against a hang)."""
+    started = time.monotonic()
+    while not await check():
+        assert time.monotonic() - started < 30, f"not within 30 s: {what}"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("where", ["cdi_static_dir", "cdi_spec_dir"])
+async def test_a_toolkit_spec_appearing_or_going_is_followed_without_a_reload(
+    kubelet: KubeletStandin, launcher: AgentLauncher, tmp_path: Path, where: str
+) -> None:
+    """The toolkit's spec written after the agent started (in /etc/cdi or /var/run/cdi)
+    is named by the next Allocates, with no reload; renamed away, it is no longer named
+    (a runtime would refuse an unresolvable CDI device), and readiness says so."""
+    config = tmp_path / "config.yaml"
+    config.write_text(_with_strategy(time_slicing(4), "cdi-cri"))
+    running = await launcher.start("t4x4", config=config)
+    await running.registered(kubelet)
+    device = sorted(kubelet.devices(GPU))[0]
+    gpu = device.split("::")[0]
+    assert not await _toolkit_named(kubelet, gpu, device)
+    assert running.devices.cdi_problem is not None
+
+    directory = getattr(launcher, where)
+    uuids = [g.uuid for g in load_spec("t4x4").gpus]
+    toolkit_spec(directory, [*uuids, "all"])
+    appeared = await _until(lambda: _toolkit_named(kubelet, gpu, device), "named")
+    assert running.devices.cdi_problem is None
+
+    os.rename(os.path.join(directory, "nvidia.yaml"), os.path.join(directory, "nvidia.old"))
+
+    async def gone() -> bool:
+        return not await _toolkit_named(kubelet, gpu, device)
+
+    went = await _until(gone, "no longer named")
+    assert running.devices.cdi_problem is not None
+    print(f"toolkit spec followed: named {appeared:.2f} s after it appeared, {went:.2f} s gone")

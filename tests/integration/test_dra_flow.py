@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from agent_harness import is_socket, remove_dir, short_dir, write_file
 from dra_harness import DRIVER, NODE, DraRig, dra_rig
+from faults_harness import eventually
 
+from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, is_spec_name
+from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
+from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuslice.core.dra.devices import DraOptions
+from gpuslice.services.cdi import CdiSpecs
 
 GPU0 = "gpu-0000-07-00-0"  # dgx-a100's first GPU, by PCI bus ID
 GPU1 = "gpu-0000-0f-00-0"
@@ -214,27 +220,85 @@ async def test_the_toolkits_own_cdi_device_is_named_beside_ours(root: str, tmp_p
         assert rig.frontend.status().get("cdiToolkit") is None
 
 
+async def test_a_toolkit_spec_appearing_or_going_is_followed(root: str, tmp_path: Path) -> None:
+    """The toolkit's spec written after the agent started (its DaemonSet finishing later)
+    is named by the claims prepared next; renamed away, it is no longer named, and the
+    status says so: the node's CDI directories are watched, with no reload."""
+    cdi = os.path.join(root, "cdi")
+    static = os.path.join(root, "etc-cdi")
+    os.makedirs(cdi)
+    find = lambda: find_toolkit_devices([cdi, static])  # noqa: E731
+    node_cdi = CdiSpecs(
+        CdiSpecDir(cdi),
+        find_toolkit=find,
+        toolkit_dirs=(cdi, static),
+        watch=lambda path, names: DirWatcher(path, names, poll_interval=0.5, follow=False),
+        is_spec=is_spec_name,
+    )
+    async with (
+        dra_rig(root, tmp_path, cdi=node_cdi, find_toolkit=find) as rig,
+        rig.health.devices.running(),
+    ):
+        await rig.kubelet.discover(DRIVER)
+        await rig.published(lambda d: GPU0 in d)
+        gpu = rig.gpu(0)
+        assert "cdiToolkit" in rig.frontend.status()
+
+        async def named(name: str) -> bool:
+            claim = rig.put_claim(name, GPU0)
+            prepared = await rig.kubelet.prepare(DRIVER, [claim])
+            (device,) = prepared[claim[1]].devices
+            await rig.kubelet.unprepare(DRIVER, [claim])
+            return f"nvidia.com/gpu={gpu}" in device.cdi_ids
+
+        assert not await named("before")
+        toolkit = (
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+            f"- name: {gpu}\n  containerEdits:\n    env: [NVIDIA_TOOLKIT=yes]\n"
+        )
+        os.makedirs(static)  # /etc/cdi itself may come late
+        write_file(os.path.join(static, "nvidia.yaml"), toolkit)
+        await eventually(lambda: rig.frontend.driver.toolkit.problem is None, "found", 30)
+        assert await named("after")
+        assert "cdiToolkit" not in rig.frontend.status()
+
+        os.rename(os.path.join(static, "nvidia.yaml"), os.path.join(static, "nvidia.old"))
+        await eventually(lambda: rig.frontend.driver.toolkit.problem is not None, "gone", 30)
+        assert not await named("gone")
+        assert "cdiToolkit" in rig.frontend.status()
+
+
 async def test_sockets_another_process_serves_are_waited_for(root: str, tmp_path: Path) -> None:
     """The agent this one replaces (a rolling update) still serves the DRA socket: the new
     one waits, says why in its status, and serves once the old one is gone."""
     service = os.path.join(root, "plugins", DRIVER, "dra.sock")
-    old = listening(service)
+    old = await _serving_dra(service)
     try:
         async with dra_rig(root, tmp_path) as rig:
             await asyncio.wait_for(rig.frontend.blocked.wait(), 5)
             assert not rig.frontend.serving.is_set()
             assert "another process serves" in str(rig.frontend.status()["waitingFor"])
-            old.close()
+            await old.stop(None)
             await asyncio.wait_for(rig.frontend.serving.wait(), 5)
             await rig.kubelet.discover(DRIVER)
             assert "waitingFor" not in rig.frontend.status()
     finally:
-        old.close()
+        await old.stop(None)
 
 
-def listening(path: str) -> socket.socket:
+class _OldPlugin(v1_grpc.DRAPluginServicer):
+    """Another DRA plugin's service socket: it answers Prepare."""
+
+    async def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: object
+    ) -> v1.NodePrepareResourcesResponse:
+        return v1.NodePrepareResourcesResponse()
+
+
+async def _serving_dra(path: str) -> grpc.aio.Server:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(path)
-    sock.listen()
-    return sock
+    server = grpc.aio.server()
+    v1_grpc.add_DRAPluginServicer_to_server(_OldPlugin(), server)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    return server

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import glob
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -82,29 +82,45 @@ def present_nodes(patterns: Iterable[str]) -> tuple[str, ...]:
     return tuple(path for pattern in patterns for path in sorted(glob.glob(pattern)))
 
 
-def find_toolkit_devices(directory: str | os.PathLike[str]) -> ToolkitDevices:
-    """The NVIDIA Container Toolkit's CDI devices in `directory`: the first spec of kind
-    nvidia.com/gpu among its .yaml/.json files (the toolkit's own names first, at most
-    MAX_SPECS files, each a regular file of at most MAX_BYTES, parsed bounded). Never
-    raises: a directory or spec that cannot be read is said in `problem`."""
-    where = os.fspath(directory)
-    try:
-        listed = os.listdir(where)
-    except OSError as exc:
-        return missing(where, f"cannot list it: {exc.strerror or exc}")
-    specs = sorted(
-        n for n in listed
-        if n.endswith((".yaml", ".yml", ".json")) and not n.startswith((".", OWN_PREFIX))
-    )  # fmt: skip
+def find_toolkit_devices(
+    directories: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> ToolkitDevices:
+    """The NVIDIA Container Toolkit's CDI devices: the first spec of kind nvidia.com/gpu
+    among the .yaml/.json files of `directories`, in order (the toolkit's own names first
+    in each, at most MAX_SPECS files in all, each a regular file of at most MAX_BYTES read
+    without following a link, parsed bounded). A directory that does not exist is passed
+    over. Never raises: what cannot be read is said in `problem`."""
+    dirs = [directories] if isinstance(directories, str | os.PathLike) else list(directories)
+    wheres = [os.fspath(d) for d in dirs]
+    details: list[str] = []
+    budget = MAX_SPECS
+    for where in wheres:
+        try:
+            listed = os.listdir(where)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            details.append(f"cannot list {where}: {exc.strerror or exc}")
+            continue
+        for path in _spec_paths(where, listed)[:budget]:
+            budget -= 1
+            try:
+                names = toolkit_names(load_yaml(read_text(path, limit=MAX_BYTES, follow=False)))
+            except (OSError, yaml.YAMLError, RecursionError):
+                continue
+            if names:
+                return ToolkitDevices(names, path, None)
+    return missing(" or ".join(wheres), "; ".join(details))
+
+
+def is_spec_name(name: str) -> bool:
+    """Whether the lookup reads a file of this name (not gpuslice's own, not hidden)."""
+    return name.endswith((".yaml", ".yml", ".json")) and not name.startswith((".", OWN_PREFIX))
+
+
+def _spec_paths(where: str, listed: Iterable[str]) -> list[str]:
+    specs = sorted(n for n in listed if is_spec_name(n))
     ordered = [n for n in TOOLKIT_FILES if n in specs] + [
         n for n in specs if n not in TOOLKIT_FILES
     ]
-    for name in ordered[:MAX_SPECS]:
-        path = os.path.join(where, name)
-        try:
-            names = toolkit_names(load_yaml(read_text(path, limit=MAX_BYTES)))
-        except (OSError, yaml.YAMLError, RecursionError):
-            continue
-        if names:
-            return ToolkitDevices(names, path, None)
-    return missing(where)
+    return [os.path.join(where, n) for n in ordered]

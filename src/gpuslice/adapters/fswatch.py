@@ -94,8 +94,10 @@ class DirWatcher:
         poll_interval: float = 1.0,
         use_inotify: bool = True,
         inotify_factory: Callable[[], InotifyLike] = _open_inotify,
+        follow: bool = True,  # False: a link at `path` is not followed (not watched)
     ) -> None:
         self.path = path
+        self._follow = follow
         self.names = None if names is None else frozenset(names)
         self.poll_interval = poll_interval
         self.mode = POLL
@@ -163,6 +165,8 @@ class DirWatcher:
             | flags.MOVE_SELF
             | flags.ONLYDIR
         )
+        if not self._follow:
+            mask |= flags.DONT_FOLLOW
         inotify: InotifyLike | None = None
         try:
             inotify = self._factory()

@@ -5,6 +5,12 @@ namespace/pod/container holds which device IDs of which resource. The API has no
 pod UID; the kubelet's device checkpoint (kubelet_internal_checkpoint in the
 device-plugin directory, which the agent mounts anyway) has it, per container,
 resource and device IDs, so the two join on those.
+
+Nothing of the kubelet's is touched while no kubelet is there: with `kubelet_socket`
+given, the API is dialled and the checkpoint read only while that registration socket
+exists (never with "": the agent does not register then). A call before fails at once
+with one transient BackendError, as an absent kubelet's would, and the checkpoint reads
+as empty.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 import grpc
 
 from gpuslice.adapters.deviceplugin.api import DEVICE_PLUGIN_DIR, unix_target
+from gpuslice.adapters.fswatch import file_id
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2 as pr
 from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuslice.adapters.outside_files import read_bytes, reason
@@ -36,10 +43,12 @@ class PodResourcesClient:
         checkpoint_path: str = CHECKPOINT,
         *,
         timeout_s: float = 5.0,
+        kubelet_socket: str | None = None,  # None: dial whenever asked
     ) -> None:
         self.socket_path = socket_path
         self.checkpoint_path = checkpoint_path
         self._timeout_s = timeout_s
+        self._kubelet_socket = kubelet_socket
         self._channel: grpc.aio.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerAsyncStub | None = None
 
@@ -49,7 +58,22 @@ class PodResourcesClient:
             self._stub = pr_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
+    def _no_kubelet(self) -> str | None:
+        """Why the kubelet is not to be touched now; None while it is there."""
+        kubelet = self._kubelet_socket
+        if kubelet is None or (kubelet and file_id(kubelet) is not None):
+            return None
+        return f"no kubelet at {kubelet} yet" if kubelet else "not registering with a kubelet"
+
+    async def _kubelet_there(self, call: str) -> None:
+        """Raise BackendError (closing a channel opened before) while no kubelet is there."""
+        why = self._no_kubelet()
+        if why is not None:
+            await self.aclose()
+            raise BackendError(f"PodResources {call} not called: {why}", transient=True)
+
     async def list(self) -> tuple[ContainerDevices, ...]:
+        await self._kubelet_there("List")
         try:
             reply = await self._lister().List(pr.ListPodResourcesRequest(), timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -65,6 +89,7 @@ class PodResourcesClient:
         )
 
     async def allocatable(self) -> dict[str, tuple[str, ...]]:
+        await self._kubelet_there("GetAllocatableResources")
         try:
             reply = await self._lister().GetAllocatableResources(
                 pr.AllocatableResourcesRequest(), timeout=self._timeout_s
@@ -80,7 +105,7 @@ class PodResourcesClient:
         return {name: tuple(ids) for name, ids in out.items()}
 
     def pod_uids(self) -> tuple[CheckpointEntry, ...]:
-        return read_checkpoint(self.checkpoint_path)
+        return () if self._no_kubelet() else read_checkpoint(self.checkpoint_path)
 
     async def aclose(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None

@@ -164,8 +164,9 @@ class StatusServer:
                     await _drain_input(reader)
                 writer.close()
                 await writer.wait_closed()
-        except (TimeoutError, ConnectionError):
-            writer.transport.abort()  # a slow or vanished client: its fd is freed now
+        except OSError as exc:  # a slow or vanished client (ENOTCONN, a reset, a timeout):
+            log.debug("status_client_gone", error=_why(exc))  # its problem only
+            writer.transport.abort()  # its fd is freed now
         finally:
             self._open.pop(transport, None)
             if not writer.transport.is_closing():
@@ -192,6 +193,13 @@ class StatusServer:
         paths = ["/healthz", "/readyz"] if self._readiness is not None else []
         paths += ["/metrics"] if self._metrics is not None else []
         return " or ".join(paths)
+
+
+def _why(exc: OSError) -> str:
+    """A socket error in a few words: its errno's name, or the timeout."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> str:

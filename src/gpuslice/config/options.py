@@ -68,6 +68,8 @@ class RunOptions:
     # With --kubelet-socket "" (do not register): a private directory of this process
     # for the plugin sockets, so the node's device-plugin directory is never touched.
     own_plugin_dir: str | None = None
+    # The static CDI directory, read beside --cdi-spec-dir for the toolkit's spec.
+    cdi_static_dir: str = "/etc/cdi"
     dra: DraOptions | None = None  # None: DRA is not served (--dra)
     dra_device_plugin_resources: frozenset[str] = frozenset()  # kept on the device-plugin API
     dra_plugins_dir: str = ""  # the DRA socket and checkpoint go in <this>/<driver>

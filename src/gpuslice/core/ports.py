@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PrepareResult
 from gpuslice.core.dra.health import DeviceHealth
@@ -430,6 +431,14 @@ class NodeState(Protocol):
     def on_unhealthy(self, listener: UnhealthyListener) -> None:
         """Call `listener(unhealthy)` on every change of the merged set, synchronously
         (a front-end's lists change before the change is logged)."""
+        ...
+
+    def on_toolkit(
+        self, listener: Callable[[ToolkitDevices], None], *, always: bool = False
+    ) -> None:
+        """Call `listener(found)` whenever the NVIDIA Container Toolkit's CDI spec files
+        change so that its devices differ (it appeared, went, or names others): while the
+        settings use a cdi-* strategy, or `always` (a front-end that names them anyway)."""
         ...
 
     def plan_devices(

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import structlog
 
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
 from gpuslice.core.metrics import NO_METRICS
@@ -125,6 +126,15 @@ class NodeDevices:
     def on_unhealthy(self, listener: UnhealthyListener) -> None:
         self._listeners.append(listener)
 
+    def on_toolkit(
+        self, listener: Callable[[ToolkitDevices], None], *, always: bool = False
+    ) -> None:
+        """Told the NVIDIA Container Toolkit's CDI devices whenever a change of its spec
+        files finds others (while `running`; under a cdi-* strategy, or `always`);
+        nothing without CDI specs."""
+        if self._cdi is not None:
+            self._cdi.on_toolkit(listener, always=always)
+
     async def call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
@@ -193,11 +203,15 @@ class NodeDevices:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """While open: PodResources for the holds (checked at each provide)."""
+        """While open: PodResources for the holds (checked at each provide), and the
+        toolkit's CDI spec files followed."""
         async with contextlib.AsyncExitStack() as stack:
             if self._pod_resources is not None:
                 pods = await stack.enter_async_context(self._pod_resources())
                 self.holds = DeviceHolds(pods, lambda held: self.hold(held, by=MOVED))
+            if self._cdi is not None:
+                following = asyncio.create_task(self._cdi.follow_toolkit())
+                stack.push_async_callback(_cancelled, following)
             yield
 
     @contextlib.asynccontextmanager
@@ -258,3 +272,9 @@ class NodeDevices:
         self._generation += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

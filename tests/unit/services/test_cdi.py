@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 
 from gpuslice.adapters.fake import load_spec
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.errors import BackendError
 from gpuslice.core.resources import Resource, build_resources
 from gpuslice.core.response import CDI_CRI, ENVVAR, AllocateOptions
@@ -60,3 +63,76 @@ async def test_a_failed_write_is_kept_as_the_error_and_the_next_apply_retries() 
     await specs.apply(t4x4_resources(), CDI)
     assert specs.error is None
     assert GPU_SPEC in store.files
+
+
+class Events:
+    """A DirWatch over queues the test feeds: (name, kind) per directory."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue[tuple[str, str]]] = {}
+        self.opened = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def __call__(
+        self, path: str, names: Collection[str] | None
+    ) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+        queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.queues[path] = queue
+        if len(self.queues) == 2:
+            self.opened.set()
+
+        async def events() -> AsyncIterator[tuple[str, str]]:
+            while True:
+                yield await queue.get()
+
+        yield events()
+
+
+async def test_a_burst_of_spec_changes_is_one_lookup_and_listeners_hear_of_changes_only() -> None:
+    """Watched changes of spec files are looked up again (a burst of writes once, names
+    the lookup does not read not at all); listeners are told only a different result."""
+    found = [ToolkitDevices(frozenset({"all"}), "/etc/cdi/nvidia.yaml", None)]
+    lookups: list[int] = []
+
+    def find() -> ToolkitDevices:
+        lookups.append(1)
+        return found[0]
+
+    watch = Events()
+    specs = CdiSpecs(
+        MemoryStore(),
+        find_toolkit=find,
+        toolkit_dirs=("/var/run/cdi", "/etc/cdi"),
+        watch=watch,
+        is_spec=lambda name: name.endswith(".yaml"),
+    )
+    told: list[ToolkitDevices] = []
+    specs.on_toolkit(told.append, always=True)
+    following = asyncio.create_task(specs.follow_toolkit())
+    try:
+        await watch.opened.wait()
+        for _ in range(50):  # a writer's burst
+            watch.queues["/etc/cdi"].put_nowait(("nvidia.yaml", "created"))
+        watch.queues["/var/run/cdi"].put_nowait(("k8s.gpu.json", "created"))  # not read
+        await _until(lambda: bool(told))
+        assert (len(lookups), told) == (1, found)
+
+        watch.queues["/etc/cdi"].put_nowait(("nvidia.yaml", "created"))  # same result
+        await _until(lambda: len(lookups) == 2)
+        found[0] = ToolkitDevices()
+        watch.queues["/etc/cdi"].put_nowait(("nvidia.yaml", "deleted"))
+        await _until(lambda: len(told) == 2)
+        assert told == [ToolkitDevices(frozenset({"all"}), "/etc/cdi/nvidia.yaml", None), found[0]]
+        assert len(lookups) == 3
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Until `check()` holds (what the watch does runs in tasks and a thread)."""
+    while True:
+        if check():
+            return
+        await asyncio.sleep(0.01)

@@ -9,7 +9,10 @@ can say who it waits for.
 
 A successor started while the old agent runs (a rolling update with maxSurge)
 waits for the lock, polling often enough to take over within a few milliseconds
-of the old agent letting go (docs/install.md, "Upgrades").
+of the old agent letting go (docs/install.md, "Upgrades"). While it waits it holds a
+shared flock on `gpuslice.waiting` beside the lock, which the kernel drops with the
+process: the old agent asks `successor_waiting` whether one is there, rather than
+guessing from how soon it takes the lock.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -32,6 +36,7 @@ from gpuslice.core.waiting import unless_stopped
 _log = structlog.get_logger()
 
 HOLDER_FILE = "gpuslice.lock"
+WAITING_FILE = "gpuslice.waiting"  # shared-locked by each agent waiting for the lock
 HOLDER_MAX_BYTES = 4096  # a pid and three names
 POLL_S = 0.01  # while waiting: an open, a non-blocking flock and a close each time
 Waiting = Callable[[str], None]  # told who holds the lock, once, when it must wait
@@ -152,12 +157,75 @@ async def acquire(
     )
     if waiting is not None:
         waiting(holder)
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), poll_s)
-        if not stop.is_set() and lock.try_acquire():
-            _log.info("plugin_dir_lock_taken", path=lock.directory)
-            return True
+    announced = _announce_waiting(lock.directory)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll_s)
+            if not stop.is_set() and lock.try_acquire():
+                _log.info("plugin_dir_lock_taken", path=lock.directory)
+                return True
+        return False
+    finally:  # after the holder file names us: a predecessor looks there next
+        if announced is not None:
+            _withdraw(lock.directory, announced)
+
+
+def _open_waiting(directory: str, flags: int) -> int | None:
+    """The waiting file's fd: a regular file, never through a link; None otherwise."""
+    try:
+        fd = os.open(
+            os.path.join(directory, WAITING_FILE),
+            flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o644,
+        )
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _announce_waiting(directory: str) -> int | None:
+    """Hold a shared flock on the waiting file while waiting (None: it cannot be had, and
+    a predecessor then looks for a successor only briefly)."""
+    fd = _open_waiting(directory, os.O_RDWR | os.O_CREAT)
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+    return fd
+
+
+def _withdraw(directory: str, fd: int) -> None:
+    """Stop waiting: the last waiter removes the waiting file (when no other holds it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, WAITING_FILE))
+    except OSError:
+        pass  # another agent waits too: the file is its now
+    finally:
+        os.close(fd)
+
+
+def successor_waiting(directory: str) -> bool:
+    """True while another agent waits for the directory's lock (it holds the waiting
+    file's shared flock: a process that died holds nothing)."""
+    fd = _open_waiting(directory, os.O_RDONLY)
+    if fd is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return False
 
 

@@ -11,8 +11,9 @@ made the instant the kubelet cancels its first stream:
    kubelet has, and release the lock;
 2. successor (waiting for the lock): take it, bind the same paths, register, and
    mark the holder file `serving`;
-3. old: once the holder file says so (or at once when no successor takes the lock
-   within ARRIVE_S), end its streams and stop;
+3. old: once the holder file says so, end its streams and stop; at once when no
+   successor waits (one waiting holds a shared flock on dirlock.WAITING_FILE, however
+   slowly a loaded machine lets it run) and none took the lock within ARRIVE_S;
 4. the kubelet disconnects the successor's client when the old stream ends; the
    successor registers again at once (frontends.deviceplugin.supervisor, StreamDropped).
 """
@@ -25,12 +26,12 @@ from dataclasses import replace
 
 import structlog
 
-from gpuslice.adapters.deviceplugin.dirlock import POLL_S, DirLock, Holder
+from gpuslice.adapters.deviceplugin.dirlock import POLL_S, DirLock, Holder, successor_waiting
 
 _log = structlog.get_logger()
 
-ARRIVE_S = 0.1  # a successor waiting on the lock polls every POLL_S
-SERVE_S = 5.0  # the longest the old agent keeps serving for a successor that took over
+ARRIVE_S = 0.1  # for a successor that could not say it waits: it polls every POLL_S
+SERVE_S = 5.0  # the longest the old agent keeps serving for a successor
 
 
 class DirClaim:
@@ -49,12 +50,17 @@ class DirClaim:
         me = self._lock.me
         self._lock.release()
         started = time.monotonic()
-        successor: Holder | None = None
-        while successor is None and time.monotonic() - started < arrive_s:
-            await asyncio.sleep(POLL_S)
+        while True:
+            # Waiting first: a successor names itself in the holder file before it stops
+            # saying it waits, so one that stopped waiting is found in the holder file.
+            waiting = successor_waiting(self._lock.directory)
             successor = _other(self._lock.holder_record(), me)
-        if successor is None:
-            return False
+            if successor is not None:
+                break
+            waited = time.monotonic() - started
+            if waited >= arrive_s + serve_s or (waited >= arrive_s and not waiting):
+                return False
+            await asyncio.sleep(POLL_S)
         _log.info("plugin_dir_handed_over", successor=successor.describe())
         while time.monotonic() - started < arrive_s + serve_s:
             holder = _other(self._lock.holder_record(), me)

@@ -4,7 +4,9 @@ Requests are capped at MAX_REQUEST_BYTES, the kubelet's own limit on what it
 receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
 reaches the servicer. A server that stops without stop() being called (the gRPC
 server ended under us) is reported through wait_down(). A socket file another live
-process serves (another device plugin) is never replaced: start() raises SocketTaken.
+device plugin serves (one that answers the API: adapters.deviceplugin.liveness) is never
+replaced: start() raises SocketTaken. Anything else there (a stale file, a socket that
+accepts and does not speak the API) is replaced.
 
 gRPC binds under a private name beside it, and the socket is then renamed into place:
 gRPC unlinks the path it bound when it stops, which would otherwise remove whatever file
@@ -18,13 +20,12 @@ import asyncio
 import contextlib
 import itertools
 import os
-import socket
-import stat
 
 import grpc
 import structlog
 
 from gpuslice.adapters.deviceplugin.api import pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.liveness import serves_device_plugin
 from gpuslice.adapters.deviceplugin.registration import register
 from gpuslice.adapters.deviceplugin.servicer import DevicePluginServicer
 from gpuslice.adapters.fswatch import FileId, file_id
@@ -82,7 +83,7 @@ class DevicePluginServer:
         if self._server is not None:
             raise ServerError(f"device-plugin server for {self.resource_name} already started")
         self._down = asyncio.Event()
-        if _accepts_connections(self.socket_path):
+        if await serves_device_plugin(self.socket_path):
             raise SocketTaken(
                 f"another device plugin serves {self.resource_name} on {self.socket_path}; "
                 "gpuslice leaves it alone and serves once it is gone"
@@ -204,26 +205,6 @@ def _shutting_down(server: grpc.aio.Server) -> bool:
     core = getattr(server, "_server", None)
     is_running = getattr(core, "is_running", None)
     return callable(is_running) and not is_running()
-
-
-def _accepts_connections(path: str) -> bool:
-    """True when a live process listens on the unix socket at `path` (a stale file
-    left by a process that died refuses the connection)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(mode):
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(path)
-        except BlockingIOError:  # its backlog is full: it listens all the same
-            return True
-        except OSError:
-            return False
-    return True
 
 
 def _unlink(path: str) -> None:

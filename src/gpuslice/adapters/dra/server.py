@@ -9,8 +9,9 @@ service socket (<plugins>/<driver>/dra.sock) serves DRAPlugin v1 and v1beta1 (th
 messages in two packages) and DRAResourceHealth, whose stream sends the complete device
 list at once and after every change. Requests are capped as the device-plugin server's
 are, and a request naming more than MAX_CLAIMS claims is refused. A socket another live
-process serves is left alone; ours are bound and renamed into place as the device-plugin
-server's are, so stopping never removes another process's socket.
+plugin serves (it answers GetInfo, or Prepare on the service socket) is left alone; ours
+are bound and renamed into place as the device-plugin server's are, so stopping never
+removes another process's socket.
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import structlog
 
-from gpuslice.adapters.deviceplugin.server import (
-    SERVER_OPTIONS,
-    _accepts_connections,
-    _unlink,
-    serve_renamed,
-)
+from gpuslice.adapters.deviceplugin.liveness import answers
+from gpuslice.adapters.deviceplugin.server import SERVER_OPTIONS, _unlink, serve_renamed
 from gpuslice.adapters.deviceplugin.servicer import clip
 from gpuslice.adapters.fswatch import FileId, file_id
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
@@ -203,7 +200,7 @@ class DraServer:
                   registration=self.registration_path)  # fmt: skip
 
     async def _serve(self, server: grpc.aio.Server, path: str) -> None:
-        if _accepts_connections(path):
+        if await answers(path, self._probe(path)):
             await server.stop(None)
             raise SocketTaken(
                 f"another process serves {path}; gpuslice leaves it alone and serves once "
@@ -218,6 +215,22 @@ class DraServer:
             raise GpusliceError(f"cannot serve the DRA plugin on {path}: {why}") from None
         self._servers.append(server)
         self._bound[path] = file_id(path)
+
+    def _probe(self, path: str) -> Callable[[grpc.aio.Channel, float], Awaitable[object]]:
+        """A call that proves a live plugin serves `path`: the registration socket's
+        GetInfo, or a Prepare of no claims on the service socket."""
+
+        async def info(channel: grpc.aio.Channel, deadline_s: float) -> object:
+            stub: reg_grpc.RegistrationAsyncStub = reg_grpc.RegistrationStub(channel)
+            return await stub.GetInfo(reg.InfoRequest(), timeout=deadline_s)
+
+        async def prepare(channel: grpc.aio.Channel, deadline_s: float) -> object:
+            stub: v1_grpc.DRAPluginAsyncStub = v1_grpc.DRAPluginStub(channel)
+            return await stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(), timeout=deadline_s
+            )
+
+        return info if path == self.registration_path else prepare
 
     def sockets_present(self) -> bool:
         return bool(self._servers) and all(file_id(p) == fid for p, fid in self._bound.items())

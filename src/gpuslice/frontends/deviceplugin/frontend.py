@@ -69,6 +69,7 @@ class DevicePluginFrontEnd:
             endpoint_factory, control_devices=control_devices, budget=budget, metrics=metrics
         )
         node.on_unhealthy(self.manager.set_unhealthy)
+        node.on_toolkit(self.manager.set_toolkit)
         self._stack = contextlib.AsyncExitStack()
         self._events: AsyncIterator[tuple[str, str]] | None = None
 

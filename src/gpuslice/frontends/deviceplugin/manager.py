@@ -13,11 +13,14 @@ exits and Kubernetes restarts the pod, as upstream does.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 
+from gpuslice.core.cdi import uses_cdi
+from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginEndpoint
@@ -124,6 +127,13 @@ class PluginManager:
         returns the resources whose lists changed."""
         self._unhealthy = unhealthy
         return [n for n, h in self._handlers.items() if h.update(unhealthy=unhealthy)]
+
+    def set_toolkit(self, found: ToolkitDevices) -> None:
+        """The NVIDIA Container Toolkit's CDI devices changed: the next Allocate of every
+        resource served with a cdi-* strategy names them (or no longer names a spec gone)."""
+        for handler in self._handlers.values():
+            if uses_cdi(handler.opts):
+                handler.update(opts=dataclasses.replace(handler.opts, toolkit_cdi=found))
 
     async def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: new sockets and registrations, all at once,

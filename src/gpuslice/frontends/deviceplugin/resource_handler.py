@@ -49,6 +49,10 @@ class ResourceHandler:
         return self._resource
 
     @property
+    def opts(self) -> AllocateOptions:
+        return self._opts
+
+    @property
     def resource_name(self) -> str:
         return self._resource.name
 

@@ -59,6 +59,8 @@ class DraFrontEnd:
         self._find_toolkit = find_toolkit
         self._on_stop = on_stop
         self._view = node
+        if find_toolkit is not None:  # the spec appearing or going while it runs
+            node.on_toolkit(self._use_toolkit, always=True)
         self.driver = driver
         self.publisher = publisher
         self.endpoint = endpoint
@@ -92,8 +94,13 @@ class DraFrontEnd:
         return step
 
     async def _look_up_toolkit(self, find: Callable[[], ToolkitDevices]) -> None:
-        found = await asyncio.to_thread(find)
-        if found.problem != self.driver.toolkit.problem:
+        self._use_toolkit(await asyncio.to_thread(find))
+
+    def _use_toolkit(self, found: ToolkitDevices) -> None:
+        """Claims prepared from now on name `found`'s devices (none: its problem)."""
+        if found.problem != self.driver.toolkit.problem or found.source != (
+            self.driver.toolkit.source
+        ):
             if found.problem is None:
                 log.info("dra_toolkit_spec_found", path=found.source, devices=len(found.names))
             else:

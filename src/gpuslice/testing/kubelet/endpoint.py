@@ -125,9 +125,20 @@ class PluginEndpoint:
         await self._rpc("PreStartContainer", self.stub.PreStartContainer(request))
 
     async def _rpc(self, method: str, call: Awaitable[_T]) -> _T:
-        """Await a plugin call; an RPC error becomes the kubelet's admission failure."""
+        """Await a plugin call; an RPC error becomes the kubelet's admission failure, as
+        does a call cut short by this client being dropped (its channel closed)."""
         try:
             return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._closing or (task is not None and task.cancelling()):
+                raise  # the caller itself is cancelled
+            raise AdmissionError(
+                self.resource,
+                f"{method} failed due to rpc error: code = Canceled desc = grpc: the client "
+                "connection is closing, which is unexpected",
+                "CANCELLED",
+            ) from None
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
             raise AdmissionError(

@@ -210,9 +210,12 @@ class KubeletStandin:
     async def _replace(self, ep: PluginEndpoint) -> None:
         """Make `ep` the resource's current client, as the kubelet's registerClient
         does: an older one is neither told nor disconnected, and its stream, if still
-        open, runs on (see _on_end)."""
+        open, runs on (see _on_end); its devices stand until `ep` sends its list."""
         old = self._endpoints.get(ep.resource)
         if old is not None:
+            # The kubelet keeps the resource's devices (and their health) until the new
+            # client's first list: capacity never drops to 0 on a registration.
+            ep.devices = dict(old.devices)
             if old.stream_open:
                 self._superseded.append(old)
             else:
