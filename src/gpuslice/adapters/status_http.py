@@ -175,6 +175,9 @@ class StatusServer:
             self._unix.close()
             await self._unix.wait_closed()
             self._unix = None
+            with contextlib.suppress(FileNotFoundError):
+                if socket_file(self._unix_path):
+                    os.unlink(self._unix_path)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
