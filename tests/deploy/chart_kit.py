@@ -172,15 +172,22 @@ def is_mps_control(obj: dict[str, Any]) -> bool:
     return bool(labels.get("app.kubernetes.io/component") == "mps-control")
 
 
+def is_metrics_reader(obj: dict[str, Any]) -> bool:
+    """The ClusterRole (and binding) that scrapers get with metrics.auth kubernetes."""
+    return str(obj["metadata"]["name"]).endswith("-metrics-reader")
+
+
 def the(
     objects: tuple[dict[str, Any], ...],
     kind: str,
     namespace: str | None = None,
     *,
     mps_control: bool = False,
+    metrics_reader: bool = False,
 ) -> Any:
     """The one object of `kind` (in `namespace`) that the release installs, hooks aside:
-    the agent's, or with `mps_control` the mps-control DaemonSet's (mps.enabled)."""
+    the agent's, or with `mps_control` the mps-control DaemonSet's (mps.enabled), or with
+    `metrics_reader` the scrapers' ClusterRole or its binding."""
     found = [
         o
         for o in objects
@@ -188,6 +195,7 @@ def the(
         and not is_hook(o)
         and (namespace is None or o["metadata"].get("namespace") == namespace)
         and is_mps_control(o) is mps_control
+        and is_metrics_reader(o) is metrics_reader
     ]
     assert len(found) == 1, f"{len(found)} {kind} objects"
     return found[0]
