@@ -284,7 +284,7 @@ def host_ports(pod_spec: dict[str, Any]) -> set[HostPort]:
                 port["containerPort"] if pod_spec.get("hostNetwork") else 0
             )
             if number:
-                ip = port.get("hostIP") or "0.0.0.0"  # noqa: S104 - the API's "every address"
+                ip = port.get("hostIP") or "0.0.0.0"
                 held.add((ip, port.get("protocol") or "TCP", int(number)))
     return held
 
@@ -292,7 +292,7 @@ def host_ports(pod_spec: dict[str, Any]) -> set[HostPort]:
 def host_port_conflicts(running: dict[str, Any], incoming: dict[str, Any]) -> set[HostPort]:
     """The host ports of `incoming` that a pod of `running` on the same node blocks: any one
     keeps the scheduler from placing `incoming` there."""
-    every = "0.0.0.0"  # noqa: S104
+    every = "0.0.0.0"
     return {
         (ip, protocol, number)
         for ip, protocol, number in host_ports(incoming)

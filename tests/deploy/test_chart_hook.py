@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from chart_kit import CONFIGS, HOOK, container, is_hook, rendered, tool
 
 CHART = tool().CHART

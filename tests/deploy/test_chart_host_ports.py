@@ -82,8 +82,8 @@ def test_any_old_pod_lets_the_new_one_in_even_one_that_held_the_ports() -> None:
     earlier = copy.deepcopy(pod_spec({}))  # ports declared, as every earlier version did
     earlier["hostNetwork"] = True
     assert host_port_conflicts(earlier, earlier) == {
-        ("0.0.0.0", "TCP", 8080),  # noqa: S104
-        ("0.0.0.0", "TCP", 8081),  # noqa: S104
+        ("0.0.0.0", "TCP", 8080),
+        ("0.0.0.0", "TCP", 8081),
     }
     assert host_port_conflicts(earlier, pod_spec({"hostNetwork": True})) == set()
 
@@ -93,11 +93,11 @@ def test_the_rule_reads_host_ips_and_protocols_as_the_scheduler_does() -> None:
         return {"containers": [{"name": "c", "ports": list(ports)}]}
 
     web = {"containerPort": 80, "hostPort": 80}
-    assert host_port_conflicts(pod(web), pod(web)) == {("0.0.0.0", "TCP", 80)}  # noqa: S104
+    assert host_port_conflicts(pod(web), pod(web)) == {("0.0.0.0", "TCP", 80)}
     assert host_port_conflicts(pod(web), pod({**web, "protocol": "UDP"})) == set()
     one, two = {**web, "hostIP": "10.0.0.1"}, {**web, "hostIP": "10.0.0.2"}
     assert host_port_conflicts(pod(one), pod(two)) == set()
-    assert host_port_conflicts(pod(one), pod(web)) == {("0.0.0.0", "TCP", 80)}  # noqa: S104
+    assert host_port_conflicts(pod(one), pod(web)) == {("0.0.0.0", "TCP", 80)}
     assert host_port_conflicts(pod({"containerPort": 80}), pod({"containerPort": 80})) == set()
 
 
@@ -143,7 +143,7 @@ async def test_each_probe_reaches_its_own_agent_while_two_share_the_port(tmp_pat
     old_sock, new_sock = str(tmp_path / "old.sock"), str(tmp_path / "new.sock")
     ready = lambda: (True, {"agent": "old"})  # noqa: E731
     waiting = lambda: (False, {"agent": "new"})  # noqa: E731
-    async with StatusServer("127.0.0.1:0", ready, unix_path=old_sock) as old:
+    async with StatusServer("127.0.0.1:0", ready, unix_path=old_sock) as old:  # noqa: SIM117
         async with StatusServer(f"127.0.0.1:{old.port}", waiting, unix_path=new_sock):
             for _ in range(5):  # the shared port would hand some of these to the other agent
                 to_old = await run_probe(commands["readinessProbe"], old_sock)

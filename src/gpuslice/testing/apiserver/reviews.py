@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuslice.testing.apiserver.status import invalid
 
-TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 - a path
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 AUTHENTICATED = "system:authenticated"
 
