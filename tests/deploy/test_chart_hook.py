@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_kit import CONFIGS, HOOK, container, is_hook, rendered, tool
+from chart_kit import (
+    CONFIGS,
+    HOOK,
+    container,
+    is_hook,
+    kube_versions,
+    rendered,
+    schema_errors,
+    tool,
+)
 
 CHART = tool().CHART
 TYPO = "version: v1\nsharing:\n  timeSlicing:\n    resourcess:\n    - {name: nvidia.com/gpu}\n"
@@ -149,3 +158,14 @@ def test_a_job_that_cannot_start_fails_before_helm_times_out_and_is_kept() -> No
     assert spec["backoffLimit"] == 0
     policy = found["Job"]["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
     assert set(policy.split(",")) == {"before-hook-creation", "hook-succeeded"}
+
+
+def test_the_job_with_every_followed_setting_is_a_valid_job() -> None:
+    objects = tool().objects(
+        tool().render(CHART, {**WITH_CONFIGS, **FOLLOWED}, release="gpu", namespace="gpu-system")
+    )
+    versions = kube_versions()
+    for obj in objects:
+        if is_hook(obj):
+            for version in (versions[0], versions[-1]):
+                assert schema_errors(obj, version) == []
