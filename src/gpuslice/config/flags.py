@@ -259,8 +259,8 @@ FLAGS: tuple[Flag, ...] = (
           "token that a TokenReview authenticates and a SubjectAccessReview allows to get "
           "/metrics)", choices=("none", "kubernetes")),
     _flag("status-socket", "GPUSLICE_STATUS_SOCKET", None, "",
-          "a unix socket path serving /healthz and /readyz too, for exec probes that must "
-          "reach this pod's own agent (empty: off)"),
+          "a unix socket path serving what --status-address serves, beside it, for exec "
+          "probes that must reach this pod's own agent (empty: off)"),
     _flag("sample-interval", "GPUSLICE_SAMPLE_INTERVAL", None, "10s",
           'time between per-process GPU samples for accounting ("10s", "500ms")',
           kind=DURATION),
