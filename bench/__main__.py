@@ -27,6 +27,7 @@ from bench import (
     events,
     listing,
     memory,
+    metrics_auth,
     reconfig,
     rpc,
     sampling,
@@ -49,6 +50,7 @@ GROUPS: dict[str, Group] = {
     "sampling": (sampling.FIGURES, sampling.run),
     "dra": (dra.FIGURES, dra.run),
     "upgrade": (upgrade.FIGURES, upgrade.run),
+    "metrics_auth": (metrics_auth.FIGURES, metrics_auth.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -39,7 +39,7 @@ from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.config.v1 import Config
 from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
-from gpuslice.core.errors import ConfigError
+from gpuslice.core.errors import BackendError, ConfigError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
     ClaimDir,
@@ -83,7 +83,7 @@ from gpuslice.services.watchdog import Watchdog
 if TYPE_CHECKING:
     from gpuslice.adapters.metrics import PrometheusMetrics
     from gpuslice.adapters.podresources import PodResourcesClient
-    from gpuslice.adapters.status_http import StatusServer
+    from gpuslice.adapters.status_http import Authorize, StatusServer
     from gpuslice.testing.configmap import write_configmap_volume
     from gpuslice.testing.kubelet import KubeletStandin
     from gpuslice.testing.kubelet.records import (
@@ -522,7 +522,7 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
                 stack.push_async_callback(pods.aclose)
             if metrics is not None:
                 _watch_node(metrics, node)
-            for server in _http_servers(address, metrics_address, node, metrics):
+            for server in _http_servers(opts, api, node, metrics):
                 await stack.enter_async_context(server)
             if own_dir is None and not await directory_present(opts.plugin_dir, stop):
                 return  # stopped while waiting for the directory
@@ -535,18 +535,38 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
 
 
 def _http_servers(
-    address: str, metrics_address: str, node: Node, metrics: PrometheusMetrics | None
+    opts: RunOptions, api: NodeApi | None, node: Node, metrics: PrometheusMetrics | None
 ) -> list[StatusServer]:
-    """The probes on `address`, with /metrics there too unless it has its own address."""
+    """The probes on the status address (and its socket), with /metrics there too unless it
+    has its own address; /metrics behind the API's token check with --metrics-auth."""
     from gpuslice.adapters.status_http import METRICS_NAME, SharedRender, StatusServer
 
+    address, metrics_address = opts.status_address, opts.metrics_address
     page = None if metrics is None else SharedRender(metrics.page, metrics.prepare)
+    authorize = metrics_auth(opts, api) if page is not None else None
     servers = []
     if address:
-        servers.append(StatusServer(address, node.readiness, None if metrics_address else page))
+        servers.append(StatusServer(address, node.readiness, None if metrics_address else page,
+                                    authorize=authorize, unix_path=opts.status_socket))  # fmt: skip
     if metrics_address:
-        servers.append(StatusServer(metrics_address, None, page, name=METRICS_NAME))
+        servers.append(
+            StatusServer(metrics_address, None, page, name=METRICS_NAME, authorize=authorize)
+        )
     return servers
+
+
+def metrics_auth(opts: RunOptions, api: NodeApi | None) -> Authorize | None:
+    """The bearer-token check of /metrics (--metrics-auth kubernetes), over the node's API."""
+    if opts.metrics_auth != "kubernetes":
+        return None
+    from gpuslice.adapters.kube import KubeNodeApi
+
+    if not isinstance(api, KubeNodeApi):
+        raise BackendError(
+            "--metrics-auth (GPUSLICE_METRICS_AUTH) kubernetes needs the Kubernetes API: "
+            "set --node-name (NODE_NAME) and run in a cluster or give --kubeconfig"
+        )
+    return api.metrics_auth().verdict
 
 
 async def _claim(

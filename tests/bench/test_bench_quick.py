@@ -40,6 +40,8 @@ FIGURES = {
     "dra_prepare_8_p99",
     "dra_publish_after_health_p99",
     "upgrade_gap",
+    "metrics_scrape_cached_auth",
+    "metrics_scrape_uncached_auth",
 }
 
 

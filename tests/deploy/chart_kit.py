@@ -172,15 +172,22 @@ def is_mps_control(obj: dict[str, Any]) -> bool:
     return bool(labels.get("app.kubernetes.io/component") == "mps-control")
 
 
+def is_metrics_reader(obj: dict[str, Any]) -> bool:
+    """The ClusterRole (and binding) that scrapers get with metrics.auth kubernetes."""
+    return str(obj["metadata"]["name"]).endswith("-metrics-reader")
+
+
 def the(
     objects: tuple[dict[str, Any], ...],
     kind: str,
     namespace: str | None = None,
     *,
     mps_control: bool = False,
+    metrics_reader: bool = False,
 ) -> Any:
     """The one object of `kind` (in `namespace`) that the release installs, hooks aside:
-    the agent's, or with `mps_control` the mps-control DaemonSet's (mps.enabled)."""
+    the agent's, or with `mps_control` the mps-control DaemonSet's (mps.enabled), or with
+    `metrics_reader` the scrapers' ClusterRole or its binding."""
     found = [
         o
         for o in objects
@@ -188,6 +195,7 @@ def the(
         and not is_hook(o)
         and (namespace is None or o["metadata"].get("namespace") == namespace)
         and is_mps_control(o) is mps_control
+        and is_metrics_reader(o) is metrics_reader
     ]
     assert len(found) == 1, f"{len(found)} {kind} objects"
     return found[0]
@@ -256,3 +264,40 @@ def schema_errors(obj: dict[str, Any], version: str) -> list[str]:
         f"{where}: {'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
         for e in check.iter_errors(obj)
     ]
+
+
+# The scheduler's host-port rule, as Kubernetes applies it to a DaemonSet's surge pod:
+# 1. On create, the API server defaults a hostNetwork pod's ports: every declared
+#    containerPort without a hostPort gets hostPort = containerPort (init containers too).
+# 2. The scheduler's NodePorts filter then refuses a node where a pod already running there
+#    uses one of the new pod's host ports: same protocol (TCP when unset) and number, and
+#    host IPs that overlap (equal, or either one unset / 0.0.0.0, meaning every address).
+HostPort = tuple[str, str, int]  # host IP, protocol, port
+
+
+def host_ports(pod_spec: dict[str, Any]) -> set[HostPort]:
+    """The host ports a pod of this spec holds on its node once the API server defaulted it."""
+    held: set[HostPort] = set()
+    for box in [*pod_spec.get("initContainers", ()), *pod_spec["containers"]]:
+        for port in box.get("ports", ()):
+            number = port.get("hostPort") or (
+                port["containerPort"] if pod_spec.get("hostNetwork") else 0
+            )
+            if number:
+                ip = port.get("hostIP") or "0.0.0.0"
+                held.add((ip, port.get("protocol") or "TCP", int(number)))
+    return held
+
+
+def host_port_conflicts(running: dict[str, Any], incoming: dict[str, Any]) -> set[HostPort]:
+    """The host ports of `incoming` that a pod of `running` on the same node blocks: any one
+    keeps the scheduler from placing `incoming` there."""
+    every = "0.0.0.0"
+    return {
+        (ip, protocol, number)
+        for ip, protocol, number in host_ports(incoming)
+        for other_ip, other_protocol, other_number in host_ports(running)
+        if protocol == other_protocol
+        and number == other_number
+        and (every in (ip, other_ip) or ip == other_ip)
+    }

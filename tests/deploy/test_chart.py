@@ -124,7 +124,15 @@ def test_a_device_list_given_as_a_list_reaches_the_agent_as_that_list() -> None:
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_probes_reach_the_agents_status_endpoints(name: str) -> None:
     agent = container(rendered(name))
-    address = check_settings({}, literal_env(rendered(name)))["status-address"]
+    settings = check_settings({}, literal_env(rendered(name)))
+    kinds = ("startupProbe", "livenessProbe", "readinessProbe")
+    if VALUE_SETS[name].get("hostNetwork"):  # over the pod's own socket (test_chart_host_ports)
+        commands = [agent[p]["exec"]["command"] for p in kinds]
+        assert [c[-2:] for c in commands] == [
+            [settings["status-socket"], path] for path in ("/healthz", "/healthz", "/readyz")
+        ]
+        return
+    address = settings["status-address"]
     port = next(p for p in agent["ports"] if p["name"] == "status")["containerPort"]
     assert address == f":{port}"
     probes = [agent[p]["httpGet"] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
@@ -346,7 +354,7 @@ def test_pod_values_land_in_the_daemonset(name: str, path: tuple[Any, ...], expe
 def test_names_follow_fullname_override() -> None:
     objects = rendered("names")
     names = {o["metadata"]["name"] for o in objects}
-    assert names == {"gpu-agent"}
+    assert names == {"gpu-agent", "gpu-agent-metrics-reader"}
     assert "resources" not in container(objects)
 
 
@@ -361,8 +369,10 @@ def test_rbac_is_exactly_the_agents_rules_bound_to_its_service_account() -> None
     }
     assert rbac.rules_in(rbac.Scope.DEFAULT) == []  # Node Events: the cluster-wide rule
     assert not [o for o in objects if o["metadata"].get("namespace") == "default"]
+    auth = [rule.policy_rule() for rule in rbac.METRICS_AUTH_RULES]  # metrics.auth kubernetes
     for scope, role in roles.items():
-        assert role["rules"] == rbac.rules_in(scope, {"config-map": ""}), scope
+        extra = auth if scope is rbac.Scope.CLUSTER else []
+        assert role["rules"] == rbac.rules_in(scope, {"config-map": ""}) + extra, scope
     bindings = [the(objects, "ClusterRoleBinding")]
     bindings += [the(objects, "RoleBinding", ns) for ns in (NAMESPACE,)]
     for binding, role in zip(bindings, roles.values(), strict=True):
@@ -375,7 +385,7 @@ def test_rbac_is_exactly_the_agents_rules_bound_to_its_service_account() -> None
     assert kinds == sorted(
         [
             *("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"),
-            *("RoleBinding", "DaemonSet"),
+            *("RoleBinding", "DaemonSet", "ClusterRole"),  # and the scrapers' ClusterRole
         ]
     )
 

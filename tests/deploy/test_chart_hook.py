@@ -10,7 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chart_kit import CONFIGS, HOOK, container, is_hook, rendered, tool
+import pytest
+from chart_kit import (
+    CONFIGS,
+    HOOK,
+    container,
+    is_hook,
+    kube_versions,
+    rendered,
+    schema_errors,
+    tool,
+)
 
 CHART = tool().CHART
 TYPO = "version: v1\nsharing:\n  timeSlicing:\n    resourcess:\n    - {name: nvidia.com/gpu}\n"
@@ -85,3 +95,77 @@ def test_the_job_checks_each_configs_text_only(tmp_path: Path) -> None:
     (agent,) = hooks(values)["Job"]["spec"]["template"]["spec"]["containers"]
     assert "env" not in agent
     assert run_the_job(values, tmp_path).returncode == 0
+
+
+FOLLOWED = {
+    "hostNetwork": True,
+    "tolerations": [{"key": "gpu", "operator": "Equal", "value": "on", "effect": "NoExecute"}],
+    "priorityClassName": "system-cluster-critical",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "nodeSelector": {"pool": "gpu"},
+    "podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}, "runAsGroup": 0},
+    "securityContext": {"seLinuxOptions": {"type": "spc_t"}, "runAsUser": 0},
+    "runtimeClassName": "nvidia",
+}
+WITH_CONFIGS = {"config": {"map": CONFIGS, "default": "t4-ts-4"}}
+
+
+def job_and_agent_pods(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    objects = tool().objects(tool().render(CHART, values, release="gpu", namespace="gpu-system"))
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    (agent,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    return job["spec"]["template"]["spec"], agent["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    "key", ["hostNetwork", "dnsPolicy", "tolerations", "priorityClassName", "imagePullSecrets",
+            "nodeSelector"],
+)  # fmt: skip
+def test_the_job_follows_the_agent_pods_setting(key: str) -> None:
+    job, agent = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED})
+    assert key in agent
+    assert job[key] == agent[key]
+    plain_job, plain_agent = job_and_agent_pods(WITH_CONFIGS)
+    assert plain_job.get(key) == plain_agent.get(key)  # defaults too (or both unset)
+
+
+def test_the_job_takes_the_agents_security_contexts_over_its_own() -> None:
+    job, agent = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED})
+    assert job["securityContext"].items() >= agent["securityContext"].items()
+    assert job["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (check,) = job["containers"]
+    assert check["securityContext"] == FOLLOWED["securityContext"]
+    plain, _ = job_and_agent_pods(WITH_CONFIGS)
+    assert plain["securityContext"]["runAsNonRoot"] is True  # no root unless the agent's is
+    assert plain["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_job_needs_no_gpu_node_nor_the_gpu_runtime() -> None:
+    job, agent = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED})
+    assert "affinity" in agent
+    assert "runtimeClassName" in agent
+    assert "affinity" not in job
+    assert "runtimeClassName" not in job
+
+
+def test_a_job_that_cannot_start_fails_before_helm_times_out_and_is_kept() -> None:
+    """Helm waits 5 minutes by default: a pod that never starts (no sandbox, no image,
+    unschedulable) must fail the Job first, so that helm reports the Job's failure
+    (DeadlineExceeded) and the failed Job stays for its pod's events."""
+    found = hooks(WITH_CONFIGS)
+    spec = found["Job"]["spec"]
+    assert 0 < spec["activeDeadlineSeconds"] < 300
+    assert spec["backoffLimit"] == 0
+    policy = found["Job"]["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert set(policy.split(",")) == {"before-hook-creation", "hook-succeeded"}
+
+
+def test_the_job_with_every_followed_setting_is_a_valid_job() -> None:
+    objects = tool().objects(
+        tool().render(CHART, {**WITH_CONFIGS, **FOLLOWED}, release="gpu", namespace="gpu-system")
+    )
+    versions = kube_versions()
+    for obj in objects:
+        if is_hook(obj):
+            for version in (versions[0], versions[-1]):
+                assert schema_errors(obj, version) == []

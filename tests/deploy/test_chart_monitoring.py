@@ -140,7 +140,7 @@ def test_the_service_monitor_scrapes_every_agent_with_the_workloads_labels() -> 
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (port,) = service["spec"]["ports"]
     assert port == {"name": "metrics", "port": metrics["containerPort"],
-                    "targetPort": "metrics", "protocol": "TCP"}  # fmt: skip
+                    "targetPort": metrics["containerPort"], "protocol": "TCP"}  # fmt: skip
 
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"  # monitoring.labels
@@ -154,6 +154,8 @@ def test_the_service_monitor_scrapes_every_agent_with_the_workloads_labels() -> 
         "path": "/metrics",
         "interval": "15s",
         "honorLabels": True,
+        # metrics.auth kubernetes (the default): Prometheus's own token
+        "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
         "relabelings": [
             {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "hostname"}
         ],

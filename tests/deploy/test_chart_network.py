@@ -43,7 +43,7 @@ def test_metrics_bound_to_the_loopback_behind_a_network_policy() -> None:
     ]
     (service_port,) = the(objects, "Service")["spec"]["ports"]
     assert service_port["port"] == 9400
-    assert service_port["targetPort"] == "metrics"
+    assert service_port["targetPort"] == 9400
 
 
 def test_no_network_policy_unless_asked() -> None:

@@ -34,7 +34,9 @@ async def _parse(data: bytes) -> tuple[str, str]:
     reader.feed_data(data)
     reader.feed_eof()
     try:
-        return await status_http._read_request(reader), ""
+        path, authorization = await status_http._read_request(reader)
+        assert authorization is None or len(authorization) <= MAX_LINE
+        return path, ""
     except status_http._TooLargeError as exc:
         return exc.status, str(exc)
 

@@ -136,11 +136,14 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """A real Prometheus server scraping one target every SCRAPE_S, storing in `work`."""
+    """A real Prometheus server scraping one target every SCRAPE_S, storing in `work`;
+    with `token_file`, sending its content as a bearer token."""
 
     SCRAPE_S = 0.5  # its first scrape still waits for discovery's first update (5 s)
 
-    def __init__(self, binary: str, target: str, work: Path) -> None:
+    def __init__(
+        self, binary: str, target: str, work: Path, token_file: Path | None = None
+    ) -> None:
         self.binary = binary
         self.port = free_port()
         self.work = work
@@ -154,7 +157,8 @@ class Prometheus:
             "scrape_configs:\n"
             "  - job_name: gpuslice\n"
             "    honor_labels: true\n"
-            "    static_configs:\n"
+            + (f"    authorization:\n      credentials_file: {token_file}\n" if token_file else "")
+            + "    static_configs:\n"
             f"      - targets: ['{target}']\n",
             encoding="utf-8",
         )

@@ -10,7 +10,11 @@ can neither pile up file descriptors nor keep the kubelet's probes out. /metrics
 is rendered off the loop (the agent's state is read on it first, which is cheap), one
 render at a time: every request that arrives while one runs shares it. The port is
 bound with SO_REUSEPORT, so that an agent's successor started beside it (sharing the
-node's network under hostNetwork) can listen on the same port while the old one runs.
+node's network under hostNetwork) can listen on the same port while the old one runs;
+`unix_path` serves the same endpoints on a unix socket of the pod's own, so that exec probes
+reach their own pod's agent, whichever agent the shared port hands a connection to.
+With `authorize`, /metrics answers only requests whose Authorization header it allows:
+401 without a known token, 403 for a user who may not read it, 503 when it cannot tell.
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ import asyncio
 import contextlib
 import errno
 import json
+import os
 import socket
-from collections.abc import Callable
+import stat
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from gpuslice.config.flags import split_address
+from gpuslice.core.access_cache import Outcome, Verdict
 from gpuslice.core.errors import BackendError
 
 log = structlog.get_logger("gpuslice.status")
@@ -34,6 +41,13 @@ log = structlog.get_logger("gpuslice.status")
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
 # () -> (content type, body); called off the loop
 MetricsPage = Callable[[], tuple[str, bytes]]
+# the Authorization header (None: absent) -> whether /metrics may be read
+Authorize = Callable[[str | None], Awaitable[Verdict]]
+_REFUSED = {
+    Outcome.UNAUTHENTICATED: "401 Unauthorized",
+    Outcome.FORBIDDEN: "403 Forbidden",
+    Outcome.UNAVAILABLE: "503 Service Unavailable",
+}
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 MAX_LINE = 8 * 1024  # the request line, and any one header line
@@ -95,6 +109,8 @@ class StatusServer:
         name: str = NAME,
         timeout_s: float = TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        authorize: Authorize | None = None,
+        unix_path: str = "",
     ) -> None:
         self._name = name
         split = split_address(address)
@@ -107,8 +123,11 @@ class StatusServer:
         self._metrics = SharedRender(metrics) if callable(metrics) else metrics
         self._timeout_s = timeout_s
         self._max_connections = max_connections
+        self._authorize = authorize
+        self._unix_path = unix_path
         self._open: dict[asyncio.Transport, None] = {}  # oldest first
         self._server: asyncio.Server | None = None
+        self._unix: asyncio.Server | None = None
 
     @property
     def port(self) -> int:
@@ -132,10 +151,33 @@ class StatusServer:
         except OSError as exc:
             why = _WHY.get(exc.errno or 0) or " ".join(str(exc).split())
             raise BackendError(f"{self._name} {self._address}: cannot listen: {why}") from exc
-        log.info("status_serving", address=f"{self._host}:{self.port}", paths=self._paths())
+        if self._unix_path:
+            await self._listen_unix()
+        log.info("status_serving", address=f"{self._host}:{self.port}", paths=self._paths(),
+                 socket=self._unix_path or None)  # fmt: skip
         return self
 
+    async def _listen_unix(self) -> None:
+        with contextlib.suppress(FileNotFoundError):  # a previous run's, in the pod's own dir
+            if socket_file(self._unix_path):
+                os.unlink(self._unix_path)
+        try:
+            self._unix = await asyncio.start_unix_server(
+                self._handle, self._unix_path, limit=MAX_LINE
+            )
+        except OSError as exc:
+            await self.__aexit__()
+            why = " ".join(str(exc).split())
+            raise BackendError(f"--status-socket {self._unix_path}: cannot listen: {why}") from exc
+
     async def __aexit__(self, *exc: object) -> None:
+        if self._unix is not None:
+            self._unix.close()
+            await self._unix.wait_closed()
+            self._unix = None
+            with contextlib.suppress(FileNotFoundError):
+                if socket_file(self._unix_path):
+                    os.unlink(self._unix_path)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -152,10 +194,10 @@ class StatusServer:
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
-                    path = await _read_request(reader)
+                    path, authorization = await _read_request(reader)
                     if transport.is_closing():  # closed to make room for a newer one
                         return
-                    reply = await self._respond(path)
+                    reply = await self._respond(path, authorization)
                 except _TooLargeError as exc:
                     reply = exc.status, TEXT, f"{exc}\n".encode()
                 await _send(writer, reply)
@@ -172,8 +214,13 @@ class StatusServer:
             if not writer.transport.is_closing():
                 writer.transport.abort()
 
-    async def _respond(self, path: str) -> Reply:
+    async def _respond(self, path: str, authorization: str | None) -> Reply:
         if path == "/metrics" and self._metrics is not None:
+            if self._authorize is not None:
+                verdict = await self._authorize(authorization)
+                if verdict.outcome is not Outcome.ALLOWED:
+                    refusal = json.dumps({"error": verdict.why}).encode()
+                    return _REFUSED[verdict.outcome], JSON, refusal
             kind, page = await self._metrics.page()
             return "200 OK", kind, page
         status, body = self._route(path)
@@ -202,14 +249,16 @@ def _why(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
-async def _read_request(reader: asyncio.StreamReader) -> str:
-    """The request's path, once its headers are read. Raises _TooLargeError."""
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str | None]:
+    """The request's path and Authorization header, once its headers are read. Raises
+    _TooLargeError."""
     try:
         request = await reader.readline()
     except ValueError:  # over the reader's limit
         raise _TooLargeError("414 URI Too Long", f"request line over {MAX_LINE} bytes") from None
     parts = request.decode("latin-1").split()
     path = parts[1].partition("?")[0] if len(parts) > 1 else ""
+    authorization = None
     # An HTTP/1.x request has headers: read them all, as closing a socket with
     # unread data sends a reset that may destroy the reply on its way.
     if len(parts) > 2:
@@ -220,12 +269,14 @@ async def _read_request(reader: asyncio.StreamReader) -> str:
             except ValueError:
                 raise _TooLargeError("431 Request Header Fields Too Large", _HEADERS) from None
             if line in (b"\r\n", b"\n", b""):
-                return path
+                return path, authorization
+            if line[:14].lower() == b"authorization:":
+                authorization = line[14:].decode("latin-1").strip()
             size += len(line)
             if size > MAX_HEADER_BYTES:
                 raise _TooLargeError("431 Request Header Fields Too Large", _HEADERS)
         raise _TooLargeError("431 Request Header Fields Too Large", _HEADERS)
-    return path
+    return path, authorization
 
 
 _HEADERS = (
@@ -253,3 +304,8 @@ async def _drain_input(reader: asyncio.StreamReader, cap: int = 1024 * 1024) -> 
             if not chunk:
                 return
             cap -= len(chunk)
+
+
+def socket_file(path: str) -> bool:
+    """Whether `path` is a unix socket (not followed if a link): the only thing replaced."""
+    return stat.S_ISSOCK(os.lstat(path).st_mode)

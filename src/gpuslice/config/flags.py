@@ -254,6 +254,13 @@ FLAGS: tuple[Flag, ...] = (
     _flag("metrics-address", "GPUSLICE_METRICS_ADDRESS", None, "",
           "host:port serving /metrics alone, e.g. 127.0.0.1:9400 (empty: /metrics is on "
           "--status-address)", kind=ADDRESS),
+    _flag("metrics-auth", "GPUSLICE_METRICS_AUTH", None, "none",
+          "who may read /metrics: none (anyone who reaches it) or kubernetes (a bearer "
+          "token that a TokenReview authenticates and a SubjectAccessReview allows to get "
+          "/metrics)", choices=("none", "kubernetes")),
+    _flag("status-socket", "GPUSLICE_STATUS_SOCKET", None, "",
+          "a unix socket path serving what --status-address serves, beside it, for exec "
+          "probes that must reach this pod's own agent (empty: off)"),
     _flag("sample-interval", "GPUSLICE_SAMPLE_INTERVAL", None, "10s",
           'time between per-process GPU samples for accounting ("10s", "500ms")',
           kind=DURATION),

@@ -55,6 +55,8 @@ class RunOptions:
     labels: str = "auto"  # auto (when in a cluster), true or false
     status_address: str = ""  # host:port of /healthz, /readyz (and /metrics); empty: off
     metrics_address: str = ""  # host:port of /metrics alone; empty: on status_address
+    metrics_auth: str = "none"  # none | kubernetes (TokenReview and SubjectAccessReview)
+    status_socket: str = ""  # a unix socket serving the status endpoints too
     pod_resources_socket: str = ""
     accounting: bool = True
     proc_root: str = ""
@@ -187,6 +189,8 @@ def resolve_options(
         labels=text("labels"),
         status_address=text("status-address"),
         metrics_address=text("metrics-address"),
+        metrics_auth=text("metrics-auth"),
+        status_socket=text("status-socket"),
         pod_resources_socket=text("pod-resources-socket"),
         accounting=bool(value("accounting")),
         proc_root=text("proc-root"),

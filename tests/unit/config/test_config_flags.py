@@ -400,6 +400,8 @@ UPSTREAM = {
     "labels": ("GPUSLICE_LABELS", None),
     "status-address": ("GPUSLICE_STATUS_ADDRESS", None),
     "metrics-address": ("GPUSLICE_METRICS_ADDRESS", None),
+    "metrics-auth": ("GPUSLICE_METRICS_AUTH", None),
+    "status-socket": ("GPUSLICE_STATUS_SOCKET", None),
     "sample-interval": ("GPUSLICE_SAMPLE_INTERVAL", None),
     "pod-resources-socket": ("GPUSLICE_POD_RESOURCES_SOCKET", None),
     "accounting": ("GPUSLICE_ACCOUNTING", None),

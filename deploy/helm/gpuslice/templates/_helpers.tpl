@@ -226,3 +226,13 @@ schema's properties, listed in _generated.tpl). */}}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The agent's status socket under hostNetwork (GPUSLICE_STATUS_SOCKET), in a directory of
+the pod's own (an emptyDir). */}}
+{{- define "gpuslice.statusSocket" -}}/run/gpuslice/status.sock{{- end }}
+
+{{/* An exec probe's command: GET of the path (the template's argument) over the status
+socket, with the image's interpreter and nothing of gpuslice loaded but the probe. */}}
+{{- define "gpuslice.probe" -}}
+["/opt/gpuslice/bin/python", "-I", "-m", "gpuslice.adapters.status_probe", {{ include "gpuslice.statusSocket" . | quote }}, {{ . | quote }}]
+{{- end }}

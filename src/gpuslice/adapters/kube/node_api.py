@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -21,6 +21,7 @@ from gpuslice.core.ports import ConfigMapView
 if TYPE_CHECKING:
     from lightkube import AsyncClient
 
+    from gpuslice.adapters.kube.metrics_auth import MetricsAuth
     from gpuslice.adapters.kube.session import ApiSession
 
 _log = structlog.get_logger()
@@ -68,6 +69,13 @@ class KubeNodeApi:
     @property
     def server(self) -> str:
         return self._session.server
+
+    def metrics_auth(self, **limits: Any) -> MetricsAuth:
+        """The bearer-token check of /metrics over this API's session (`limits`: its
+        cache, concurrency and timeout, as MetricsAuth takes them)."""
+        from gpuslice.adapters.kube.metrics_auth import MetricsAuth
+
+        return MetricsAuth(self._session, **limits)
 
     async def aclose(self) -> None:
         """Close the HTTP client when this object built it."""

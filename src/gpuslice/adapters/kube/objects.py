@@ -18,11 +18,22 @@ NODE_FEATURE_PLURAL = "nodefeatures"
 NODE_FEATURE_PREFIX = "nvidia-features-for-"
 NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
 DRA_GROUP = "resource.k8s.io"
+AUTHN_GROUP = "authentication.k8s.io"  # TokenReview
+AUTHZ_GROUP = "authorization.k8s.io"  # SubjectAccessReview
 COMPONENT = "gpuslice"
 EVENT_NORMAL = "Normal"
 EVENT_WARNING = "Warning"
 # The API server keeps an Event about a cluster-scoped object (a Node) only in "default".
 NODE_EVENT_NAMESPACE = "default"
+
+
+class Identity(NamedTuple):
+    """Whom a bearer token authenticates, as a TokenReview answers it."""
+
+    user: str
+    uid: str
+    groups: tuple[str, ...]
+    extra: Mapping[str, Sequence[str]]
 
 
 class OwnerRef(NamedTuple):

@@ -81,6 +81,16 @@ DRA_RULES: tuple[Rule, ...] = (
 )  # fmt: skip
 
 
+# With --metrics-auth kubernetes (the chart's metrics.auth): who a scraper's bearer token
+# is, and whether that user may get /metrics (metrics_auth.py).
+METRICS_AUTH_RULES: tuple[Rule, ...] = (
+    Rule((objects.AUTHN_GROUP,), ("tokenreviews",), ("create",), Scope.CLUSTER,
+         "authenticate a /metrics scraper's bearer token (--metrics-auth kubernetes)"),
+    Rule((objects.AUTHZ_GROUP,), ("subjectaccessreviews",), ("create",), Scope.CLUSTER,
+         "check that the scraper may get /metrics (--metrics-auth kubernetes)"),
+)  # fmt: skip
+
+
 def rules_in(scope: Scope, names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The PolicyRules of one ClusterRole (CLUSTER) or Role (the others). With `names`
     (flag -> its value), a rule narrowed to an object is narrowed to the one named, and left

@@ -39,6 +39,7 @@ from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import ConfigMapView
 
 T = TypeVar("T")
+R = TypeVar("R", bound="msgspec.Struct")
 
 NodeFeature = create_namespaced_resource(
     objects.NFD_GROUP, objects.NFD_VERSION, objects.NODE_FEATURE_KIND, objects.NODE_FEATURE_PLURAL
@@ -250,6 +251,46 @@ class ApiSession:
         with self._errors(f"delete ResourceSlice {name}"):
             await self._client.delete(ResourceSlice, name)
 
+    async def review_token(self, token: str, timeout_s: float) -> objects.Identity | None:
+        """Whom `token` authenticates (a TokenReview); None when it authenticates no one."""
+        body = {"apiVersion": f"{objects.AUTHN_GROUP}/v1", "kind": "TokenReview",
+                "spec": {"token": token}}  # fmt: skip
+        path = f"apis/{objects.AUTHN_GROUP}/v1/tokenreviews"
+        answer = await self._review(path, body, "review a bearer token", timeout_s, _TokenReview)
+        status = answer.status
+        if not status.authenticated or not status.user.username:
+            return None
+        user = status.user
+        return objects.Identity(user.username, user.uid, tuple(user.groups), user.extra)
+
+    async def review_access(
+        self, who: objects.Identity, path: str, verb: str, timeout_s: float
+    ) -> tuple[bool, str]:
+        """Whether `who` may `verb` the non-resource URL `path` (a SubjectAccessReview),
+        and the authorizer's reason."""
+        spec: dict[str, Any] = {"user": who.user, "groups": list(who.groups),
+                                "nonResourceAttributes": {"path": path, "verb": verb}}  # fmt: skip
+        if who.uid:
+            spec["uid"] = who.uid
+        if who.extra:
+            spec["extra"] = {k: list(v) for k, v in who.extra.items()}
+        body = {"apiVersion": f"{objects.AUTHZ_GROUP}/v1", "kind": "SubjectAccessReview",
+                "spec": spec}  # fmt: skip
+        url = f"apis/{objects.AUTHZ_GROUP}/v1/subjectaccessreviews"
+        answer = await self._review(url, body, f"review access to {path}", timeout_s, _AccessReview)
+        return answer.status.allowed and not answer.status.denied, answer.status.reason
+
+    async def _review(
+        self, path: str, body: dict[str, Any], what: str, timeout_s: float, kind: type[R]
+    ) -> R:
+        with self._errors(what):
+            resp = await self._http.post(path, json=body, timeout=httpx2.Timeout(timeout_s))
+            if resp.status_code != 201 and resp.status_code != 200:
+                message = _status_message(resp.content)
+                text = f"{what}: HTTP {resp.status_code}: {_one_line(message)}"
+                raise BackendError(text, transient=True)
+            return msgspec.json.decode(resp.content, type=kind)
+
     async def aclose(self) -> None:
         await self._client.close()
 
@@ -360,3 +401,29 @@ def _status_message(body: bytes) -> str:
 def _one_line(exc: object) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
+
+
+class _UserInfo(msgspec.Struct):
+    username: str = ""
+    uid: str = ""
+    groups: list[str] = msgspec.field(default_factory=list)
+    extra: dict[str, list[str]] = msgspec.field(default_factory=dict)
+
+
+class _TokenStatus(msgspec.Struct):
+    authenticated: bool = False
+    user: _UserInfo = msgspec.field(default_factory=_UserInfo)
+
+
+class _TokenReview(msgspec.Struct):
+    status: _TokenStatus = msgspec.field(default_factory=_TokenStatus)
+
+
+class _AccessStatus(msgspec.Struct):
+    allowed: bool = False
+    denied: bool = False
+    reason: str = ""
+
+
+class _AccessReview(msgspec.Struct):
+    status: _AccessStatus = msgspec.field(default_factory=_AccessStatus)

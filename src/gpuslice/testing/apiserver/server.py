@@ -12,6 +12,8 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 - resource.k8s.io/v1 ResourceSlices and ResourceClaims (dra.py);
 - GET of pods; POST of events (generateName honoured; an Event about a cluster-scoped
   object outside namespace default is refused with 422, as validation does);
+- POST of TokenReviews and SubjectAccessReviews (non-resource URLs), from the tokens and
+  grants of `reviews` (reviews.py);
 - with `grants` set, every request that no grant covers is refused with 403 Forbidden.
 
 The test side plays the cluster (put_node, delete_node, put_config_map,
@@ -37,6 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from gpuslice.testing.apiserver.access import Grant, access_of, allowed, forbidden
 from gpuslice.testing.apiserver.dra import DraObjects
+from gpuslice.testing.apiserver.reviews import Reviews
 from gpuslice.testing.apiserver.status import (
     REASONS,
     invalid,
@@ -98,6 +101,7 @@ class FakeApiServer:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.dra = DraObjects(self._bump)  # ResourceSlices and ResourceClaims
+        self.reviews = Reviews()  # tokens and non-resource grants
         self.requests: list[Request] = []
         self.expired_below = 0
         self.nfd_installed = True
@@ -362,6 +366,9 @@ class FakeApiServer:
         dra = self.dra.route(req.method, req.path, req.query, req.body)
         if dra is not None:
             return dra
+        review = self.reviews.route(req.method, req.path, req.body)
+        if review is not None:
+            return review
         if req.path.startswith(NODES + "/") and req.method == "GET":
             node = self.nodes.get(parts[3])
             return (200, node) if node else (404, not_found("nodes", parts[3]))
