@@ -338,6 +338,41 @@ def demo(profile: str, verbose: bool) -> None:
         fail(exc)
 
 
+@main.command()
+@click.option("--prometheus", "url", required=True, metavar="URL", help="Prometheus' base URL")
+@click.option("--window", default="7d", show_default=True, help="how far back to read")
+@click.option("--step", default="30s", show_default=True, help="one sample per step")
+@click.option("--min-samples", default=120, show_default=True, type=click.IntRange(1),
+              help="fewer samples than this: too few to judge")  # fmt: skip
+@click.option("--namespace", default="", help="only this namespace's workloads")
+@click.option("--end", type=float, metavar="UNIX_TIME", help="the window's end [default: now]")
+@click.option(
+    "--output",
+    type=click.Choice(["table", "json", "config"]),
+    default="table",
+    show_default=True,
+    help="advice per workload, as a table or JSON, or a proposed v1 config",
+)
+def advise(
+    url: str,
+    window: str,
+    step: str,
+    min_samples: int,
+    namespace: str,
+    end: float | None,
+    output: str,
+) -> None:
+    """Right-size shared GPUs from what each workload used, read from Prometheus."""
+    from gpuslice.advise_cmd import run_advise
+
+    try:
+        text = run_advise(url, window=window, step=step, min_samples=min_samples,
+                          namespace=namespace, output=output, end=end)  # fmt: skip
+    except GpusliceError as exc:
+        fail(exc)
+    click.echo(text, nl=not text.endswith("\n"))
+
+
 @main.group(cls=OneLineErrors)
 def config() -> None:
     """Config file tools."""

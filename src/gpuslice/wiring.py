@@ -37,6 +37,7 @@ from gpuslice.config.options import (
 )
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.config.v1 import Config
+from gpuslice.core.advice import Series, SeriesFacts
 from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
@@ -650,3 +651,24 @@ async def run_labels(
     finally:
         if api is not None:
             await api.aclose()
+
+
+def prometheus_facts(
+    url: str, *, end: float, window_s: float, step_s: float, namespace: str = ""
+) -> dict[Series, SeriesFacts]:
+    """The agent's per-container series over the window, read from Prometheus' API
+    (`gpuslice advise`); PrometheusError (a GpusliceError) when it cannot be read."""
+    from gpuslice.adapters.prometheus import PrometheusApi, gather
+
+    return gather(PrometheusApi(url), end, window_s, step_s, namespace)
+
+
+def mig_profiles() -> dict[str, dict[str, int]]:
+    """GPU model name -> MIG profile -> memory (MiB), from the simulated models."""
+    from gpuslice.adapters.fake.models import MODELS
+
+    return {
+        m.name: {name: p.memory_mib for name, p in m.mig_profiles.items()}
+        for m in MODELS.values()
+        if m.mig_profiles
+    }

@@ -1,0 +1,182 @@
+"""A bounded client of Prometheus' HTTP API (instant and range queries).
+
+Every answer is bounded: a deadline for the whole request (not only each socket read),
+at most Limits.max_body bytes, JSON nesting bounded by the decoder (a deeper answer is
+refused, not a RecursionError), and a fixed shape: an answer that is not Prometheus'
+{"status": ..., "data": {"resultType": ..., "result": [...]}} is one error line naming
+the URL. Range queries are cut into pieces of at most Limits.max_points points.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+from http.client import HTTPException, HTTPResponse
+
+import msgspec
+
+from gpuslice.core.errors import GpusliceError
+
+T = TypeVar("T")
+READ_CHUNK = 1 << 20
+PROMETHEUS_POINTS = 11_000  # Prometheus refuses a range query with more per series
+
+
+class PrometheusError(GpusliceError):
+    """Prometheus could not be read, or what answered is not Prometheus."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    timeout_s: float = 30.0  # per request, all of it
+    max_body: int = 64 << 20  # bytes of one answer
+    max_series: int = 20_000  # container series one advice reads
+    max_points: int = 400_000  # points of one range query, over all its series
+
+
+class _Data(msgspec.Struct):
+    resultType: str  # noqa: N815 - the API's name
+    result: msgspec.Raw
+
+
+class _Answer(msgspec.Struct):
+    status: str
+    data: _Data | None = None
+    error: str = ""
+    errorType: str = ""  # noqa: N815 - the API's name
+
+
+class _Sample(msgspec.Struct, array_like=False):
+    metric: dict[str, str]
+    value: tuple[float, str]
+
+
+class _Series(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, str]]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer like any other (not Prometheus'), never followed
+    (urllib would follow one to ftp://)."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+_VECTOR = msgspec.json.Decoder(list[_Sample])
+_MATRIX = msgspec.json.Decoder(list[_Series])
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+Labels = dict[str, str]
+
+
+class PrometheusApi:
+    def __init__(self, url: str, limits: Limits = Limits()) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise PrometheusError(f"--prometheus {url!r}: expected an http:// or https:// URL")
+        self.url = url.rstrip("/")
+        self.limits = limits
+        self.requests = 0
+
+    def instant(self, query: str, at: float) -> list[tuple[Labels, str]]:
+        """An instant query at `at`: (labels, value as Prometheus wrote it) per series."""
+        data = self._get("query", {"query": query, "time": _num(at)}, "vector")
+        return [(s.metric, s.value[1]) for s in self._decode(_VECTOR, data)]
+
+    def scalar_count(self, query: str, at: float) -> int:
+        """The value of a query of one series (count(...)); 0 when it has none."""
+        found = self.instant(query, at)
+        if not found:
+            return 0
+        try:
+            return int(float(found[0][1]))
+        except (ValueError, OverflowError):
+            raise PrometheusError(f"{self.url}: {query} is not a count: {found[0][1]!r}") from None
+
+    def range(
+        self, query: str, start: float, end: float, step_s: float, series: int
+    ) -> Iterator[list[tuple[Labels, list[tuple[float, str]]]]]:
+        """The range query over [start, end] at `step_s`, in pieces of at most
+        max_points points for `series` series (and Prometheus' own limit per series)."""
+        steps = max(1, min(PROMETHEUS_POINTS, self.limits.max_points // max(1, series)))
+        t = start
+        while t <= end:
+            last = min(end, t + (steps - 1) * step_s)
+            params = {"query": query, "start": _num(t), "end": _num(last), "step": _num(step_s)}
+            data = self._get("query_range", params, "matrix")
+            yield [(s.metric, s.values) for s in self._decode(_MATRIX, data)]
+            t = last + step_s
+
+    def _decode(self, decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
+        try:
+            return decoder.decode(raw)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise self._not_prometheus(str(exc)) from None
+
+    def _get(self, path: str, params: dict[str, str], kind: str) -> bytes:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        self.requests += 1
+        body, status, ctype = self._fetch(url)
+        if "json" not in ctype:
+            raise self._not_prometheus(f"HTTP {status}, content-type {ctype or 'none'!r}")
+        try:
+            answer = _ANSWER.decode(body)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise self._not_prometheus(str(exc)) from None
+        if answer.status == "error":
+            why = " ".join(f"{answer.errorType}: {answer.error}".split())[:300]
+            raise PrometheusError(f"{self.url} refused the query ({why}): {params['query']}")
+        if answer.status != "success" or answer.data is None:
+            raise self._not_prometheus(f"status {answer.status[:40]!r}")
+        if answer.data.resultType != kind:
+            raise self._not_prometheus(f"a {answer.data.resultType[:40]!r} result, not {kind}")
+        return bytes(answer.data.result)
+
+    def _fetch(self, url: str) -> tuple[bytes, int, str]:
+        deadline = time.monotonic() + self.limits.timeout_s
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - http(s) only, checked in __init__
+        try:
+            with _OPENER.open(request, timeout=self.limits.timeout_s) as reply:
+                return self._body(reply, deadline), reply.status, reply.headers.get_content_type()
+        except urllib.error.HTTPError as exc:  # Prometheus answers 400/422/503 with JSON
+            with exc:
+                ctype = exc.headers.get_content_type() if exc.headers else ""
+                return self._body(exc, deadline), exc.code, ctype
+        except (urllib.error.URLError, OSError, HTTPException, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+
+    def _body(self, reply: HTTPResponse | urllib.error.HTTPError, deadline: float) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise PrometheusError(
+                    f"{self.url} did not answer within {self.limits.timeout_s:g} s"
+                )
+            chunk = reply.read1(READ_CHUNK)
+            if not chunk:
+                return b"".join(parts)
+            size += len(chunk)
+            if size > self.limits.max_body:
+                raise PrometheusError(
+                    f"{self.url} answered more than {self.limits.max_body >> 20} MiB for one "
+                    "query; narrow it (--namespace, a shorter --window or a longer --step)"
+                )
+            parts.append(chunk)
+
+    def _not_prometheus(self, why: str) -> PrometheusError:
+        why = " ".join(why.split())[:200]
+        return PrometheusError(f"{self.url} does not answer as Prometheus' HTTP API ({why})")
+
+
+def _num(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
