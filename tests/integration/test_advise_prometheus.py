@@ -80,16 +80,22 @@ def nearest_rank(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
-def stepped(raw: list[tuple[float, float]], start: float, end: float, how: str) -> list[float]:
-    """What a range query of {how}_over_time(x[STEP]) at STEP yields: for each evaluation
-    time t = start + k*STEP, the raw samples in (t - STEP, t] folded by `how`."""
+def stepped(
+    raw: list[tuple[float, float]], end: float, window_s: float, how: str, closed: bool
+) -> list[float]:
+    """The samples advise counts, computed here from the raw ones: at each multiple of
+    STEP_S in the window (which advise ends half a step off that grid, at or before
+    `end`), the raw samples of the STEP_S before it folded by `how`, in MiB or percent
+    rounded half up; that STEP_S is closed in Prometheus 2, left-open in Prometheus 3."""
+    last = (math.floor(end / STEP_S) + 0.5) * STEP_S
+    last -= STEP_S if last > end else 0
     out = []
-    steps = math.floor((end - start) / STEP_S + 1e-9)
-    for k in range(steps + 1):
-        t = start + k * STEP_S
-        inside = [v for ts, v in raw if t - STEP_S < ts <= t]
+    for k in range(math.ceil((last - window_s) / STEP_S), math.floor(last / STEP_S) + 1):
+        t = k * STEP_S
+        inside = [v for ts, v in raw if t - STEP_S <= ts <= t and (closed or ts > t - STEP_S)]
         if inside:
-            out.append(max(inside) if how == "max" else sum(inside) / len(inside))
+            folded = max(inside) / MIB if how == "max" else 100 * sum(inside) / len(inside)
+            out.append(math.floor(folded + 0.5))
     return out
 
 
@@ -148,9 +154,10 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
             )  # fmt: skip
             assert code == 0, err
             report = json.loads(out)
+            version = prometheus._get("/api/v1/status/buildinfo")["data"]["version"]
+            closed = str(version).startswith("2.")
             by_name = {w["workload"]: w for w in report["workloads"]}
             assert set(by_name) == {"infer", "train", "api"}
-            start = end - window_s
             workloads = {
                 "infer": ["serving/infer-5d8f9c7b6-x2k4p"],
                 "train": ["ml/train-0"],
@@ -162,9 +169,9 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
                 for pod in pods:
                     name_only = pod.split("/")[1]
                     raw = raw_samples(prometheus, USED, name_only, end, window_s + 1)
-                    memory += stepped(raw, start, end, "max")
+                    memory += stepped(raw, end, window_s, "max", closed)
                     raw = raw_samples(prometheus, UTIL, name_only, end, window_s + 1)
-                    util += stepped(raw, start, end, "avg")
+                    util += stepped(raw, end, window_s, "avg", closed)
                 w = by_name[name]
                 peak = max(max(CURVES[p][1]) for p in pods) * MIB
                 assert w["grouped_by"] == "name prefix"
@@ -172,9 +179,9 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
                 assert w["gpu_memory"] == T4_MIB * MIB
                 assert w["pods"] == len(pods)
                 assert w["samples"] == len(memory)
-                assert w["memory_p95"] == nearest_rank(memory, 0.95)
+                assert w["memory_p95"] == nearest_rank(memory, 0.95) * MIB
                 assert w["memory_max"] == peak
-                assert w["utilization_p95"] == pytest.approx(nearest_rank(util, 0.95))
+                assert w["utilization_p95"] == pytest.approx(nearest_rank(util, 0.95) / 100)
                 assert w["replicas"] == math.floor(T4_MIB * MIB / (peak * 1.1))
                 assert w["memory_limit"] == math.floor(T4_MIB * MIB / w["replicas"])
                 assert w["limit_source"] == "recommended"

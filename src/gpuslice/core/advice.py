@@ -44,7 +44,7 @@ class SeriesFacts:
     share: float | None = None  # the allocated ratio, latest in the window
     smallest_share: float | None = None  # the smallest one held in the window
     gpu_memory: float | None = None  # bytes
-    peak: float | None = None  # the agent's peak series (between samples too)
+    peak: float | None = None  # the most it used: the agent's peak series, the samples' max
     limit: float | None = None  # an enforced memory limit, where isolation reports one
     owner: str | None = None  # "kind/name", from kube_pod_owner
 
@@ -143,7 +143,8 @@ def _advice(
     share = max(set(shares), key=shares.count) if shares else None
     gpu_memory = max((f.gpu_memory for _, f in members if f.gpu_memory), default=None)
     peaks = [f.peak for _, f in members if f.peak is not None and math.isfinite(f.peak)]
-    peak = max([*peaks, memory.max] if memory.count else peaks, default=None)
+    # the agent's peak series and the exact maximum of the samples; else the sampled one
+    peak = max(peaks, default=memory.max if memory.count else None)
     notes: list[str] = []
     if memory.count < rules.min_samples:
         notes.append(f"too few samples: {memory.count} (fewer than {rules.min_samples})")

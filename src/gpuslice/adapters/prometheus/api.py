@@ -1,10 +1,10 @@
-"""A bounded client of Prometheus' HTTP API (instant and range queries).
+"""A bounded client of Prometheus' HTTP API (instant queries).
 
 Every answer is bounded: a deadline for the whole request (not only each socket read),
 at most Limits.max_body bytes, JSON nesting bounded by the decoder (a deeper answer is
 refused, not a RecursionError), and a fixed shape: an answer that is not Prometheus'
-{"status": ..., "data": {"resultType": ..., "result": [...]}} is one error line naming
-the URL. Range queries are cut into pieces of at most Limits.max_points points.
+{"status": ..., "data": {"resultType": "vector", "result": [...]}} is one error line
+naming the URL. A redirect is not followed.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 from http.client import HTTPException, HTTPResponse
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -24,7 +23,6 @@ from gpuslice.core.errors import GpusliceError
 
 T = TypeVar("T")
 READ_CHUNK = 1 << 20
-PROMETHEUS_POINTS = 11_000  # Prometheus refuses a range query with more per series
 
 
 class PrometheusError(GpusliceError):
@@ -36,17 +34,19 @@ class Limits:
     timeout_s: float = 30.0  # per request, all of it
     max_body: int = 64 << 20  # bytes of one answer
     max_series: int = 20_000  # container series one advice reads
-    max_points: int = 400_000  # points of one range query, over all its series
+    # samples one query makes Prometheus evaluate (series x steps): well under its own
+    # --query.max-samples (50 million by default)
+    max_samples: int = 20_000_000
 
 
-class _Data(msgspec.Struct):
+class _Data(msgspec.Struct, Generic[T]):
     resultType: str  # noqa: N815 - the API's name
-    result: msgspec.Raw
+    result: T
 
 
-class _Answer(msgspec.Struct):
+class _Answer(msgspec.Struct, Generic[T]):
     status: str
-    data: _Data | None = None
+    data: _Data[T] | None = None
     error: str = ""
     errorType: str = ""  # noqa: N815 - the API's name
 
@@ -54,11 +54,6 @@ class _Answer(msgspec.Struct):
 class _Sample(msgspec.Struct, array_like=False):
     metric: dict[str, str]
     value: tuple[float, str]
-
-
-class _Series(msgspec.Struct):
-    metric: dict[str, str]
-    values: list[tuple[float, str]]
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -70,9 +65,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_NoRedirect)
-_VECTOR = msgspec.json.Decoder(list[_Sample])
-_MATRIX = msgspec.json.Decoder(list[_Series])
-_ANSWER = msgspec.json.Decoder(_Answer)
+_VECTOR = msgspec.json.Decoder(_Answer[list[_Sample]])
 
 Labels = dict[str, str]
 
@@ -88,8 +81,8 @@ class PrometheusApi:
 
     def instant(self, query: str, at: float) -> list[tuple[Labels, str]]:
         """An instant query at `at`: (labels, value as Prometheus wrote it) per series."""
-        data = self._get("query", {"query": query, "time": _num(at)}, "vector")
-        return [(s.metric, s.value[1]) for s in self._decode(_VECTOR, data)]
+        found = self._get("query", {"query": query, "time": _num(at)}, _VECTOR, "vector")
+        return [(s.metric, s.value[1]) for s in found]
 
     def scalar_count(self, query: str, at: float) -> int:
         """The value of a query of one series (count(...)); 0 when it has none."""
@@ -101,34 +94,20 @@ class PrometheusApi:
         except (ValueError, OverflowError):
             raise PrometheusError(f"{self.url}: {query} is not a count: {found[0][1]!r}") from None
 
-    def range(
-        self, query: str, start: float, end: float, step_s: float, series: int
-    ) -> Iterator[list[tuple[Labels, list[tuple[float, str]]]]]:
-        """The range query over [start, end] at `step_s`, in pieces of at most
-        max_points points for `series` series (and Prometheus' own limit per series)."""
-        steps = max(1, min(PROMETHEUS_POINTS, self.limits.max_points // max(1, series)))
-        t = start
-        while t <= end:
-            last = min(end, t + (steps - 1) * step_s)
-            params = {"query": query, "start": _num(t), "end": _num(last), "step": _num(step_s)}
-            data = self._get("query_range", params, "matrix")
-            yield [(s.metric, s.values) for s in self._decode(_MATRIX, data)]
-            t = last + step_s
-
-    def _decode(self, decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
-        try:
-            return decoder.decode(raw)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            raise self._not_prometheus(str(exc)) from None
-
-    def _get(self, path: str, params: dict[str, str], kind: str) -> bytes:
+    def _get(
+        self,
+        path: str,
+        params: dict[str, str],
+        decoder: msgspec.json.Decoder[_Answer[T]],
+        kind: str,
+    ) -> T:
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         self.requests += 1
         body, status, ctype = self._fetch(url)
         if "json" not in ctype:
             raise self._not_prometheus(f"HTTP {status}, content-type {ctype or 'none'!r}")
         try:
-            answer = _ANSWER.decode(body)
+            answer = decoder.decode(body)
         except (msgspec.DecodeError, RecursionError) as exc:
             raise self._not_prometheus(str(exc)) from None
         if answer.status == "error":
@@ -138,7 +117,7 @@ class PrometheusApi:
             raise self._not_prometheus(f"status {answer.status[:40]!r}")
         if answer.data.resultType != kind:
             raise self._not_prometheus(f"a {answer.data.resultType[:40]!r} result, not {kind}")
-        return bytes(answer.data.result)
+        return answer.data.result
 
     def _fetch(self, url: str) -> tuple[bytes, int, str]:
         deadline = time.monotonic() + self.limits.timeout_s

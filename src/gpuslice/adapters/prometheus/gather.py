@@ -2,19 +2,24 @@
 
 First a count (more than Limits.max_series container series is refused before anything
 large is asked), then one instant query per fact (share, GPU memory, the agent's peak,
-an enforced limit, the owner from kube-state-metrics' kube_pod_owner), then memory and
-utilisation as range queries in bounded pieces. Each piece's values are counted (most
-repeat) before they become numbers, so 1,000 containers over 7 days stay cheap.
+an enforced limit, the owner from kube-state-metrics' kube_pod_owner). Memory and
+utilisation are sampled at the step by Prometheus itself and come back counted: for
+each series, how many steps had each value (memory in MiB, utilisation in percent),
+
+    sum_over_time(count_values by (<series>) ("v", round(<sample at the step>))[L:step])
+
+asked for consecutive pieces of the window, each of at most Limits.max_samples samples
+(series x steps), whose counts add up. So 1,000 containers over 7 days at 30 s (40
+million samples) cross the wire as a few hundred thousand counts, and every sample
+still counts once.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from operator import itemgetter
 
 from gpuslice.adapters.prometheus.api import Labels, PrometheusApi, PrometheusError
-from gpuslice.core.advice import Series, SeriesFacts
+from gpuslice.core.advice import MIB, Series, SeriesFacts
 
 USED = "gpuslice_container_gpu_memory_used_bytes"
 UTIL = "gpuslice_container_gpu_utilization_ratio"
@@ -23,6 +28,8 @@ PEAK = "gpuslice_container_gpu_memory_peak_bytes"
 LIMIT = "gpuslice_container_gpu_memory_limit_bytes"  # where memory isolation reports one
 GPU_MEMORY = "gpuslice_gpu_memory_total_bytes"
 OWNER = "kube_pod_owner"  # kube-state-metrics
+_KEY = ("namespace", "pod", "container", "resource", "modelName", "UUID")
+SERIES = ", ".join(_KEY)
 
 
 def gather(
@@ -47,21 +54,28 @@ def gather(
         _facts(facts, s).share = v
     for s, v in each(f"min_over_time({SHARE}{sel}[{w}])"):
         _facts(facts, s).smallest_share = v
-    for s, v in each(f"max_over_time({PEAK}{sel}[{w}])"):
-        _facts(facts, s).peak = v
+    for query in (f"max_over_time({PEAK}{sel}[{w}])", f"max_over_time({USED}{sel}[{w}])"):
+        for s, v in each(query):
+            f = _facts(facts, s)
+            f.peak = v if f.peak is None or not math.isfinite(f.peak) else max(f.peak, v)
     for s, v in each(f"max_over_time({LIMIT}{sel}[{w}])"):
         _facts(facts, s).limit = v
-    start = end - window_s
-    ranges = (
-        (f"max_over_time({USED}{sel}[{_dur(step_s)}])", "memory"),  # peaks between steps too
-        (f"avg_over_time({UTIL}{sel}[{_dur(step_s)}])", "utilization"),
+    step = _dur(step_s)
+    sampled = (
+        (f"round(max_over_time({USED}{sel}[{step}]) / {MIB})", "memory", MIB),  # peaks too
+        (f"round(100 * avg_over_time({UTIL}{sel}[{step}]))", "utilization", 0.01),
     )
-    for query, into in ranges:
-        for piece in api.range(query, start, end, step_s, count):
-            for metric, values in piece:
-                dist = getattr(_facts(facts, _series(metric)), into)
-                for text, times in Counter(map(itemgetter(1), values)).items():
-                    dist.add(_number(text, query), times)
+    by_labels: dict[tuple[str, ...], SeriesFacts] = {}  # many counts per series
+    for expr, into, unit in sampled:
+        for piece in _pieces(end, window_s, step_s, count, api.limits.max_samples):
+            query = (
+                f'sum_over_time(count_values by ({SERIES}) ("v", {expr})[{_dur(piece[1])}:{step}])'
+            )
+            for m, times in api.instant(query, piece[0]):
+                key = tuple(m.get(k, "") for k in _KEY)
+                found = by_labels.get(key) or by_labels.setdefault(key, _facts(facts, _series(m)))
+                value = _number(m.get("v", ""), query) * unit
+                getattr(found, into).add(value, _count(times, query))
     memory = {m.get("UUID", ""): _number(v, GPU_MEMORY) for m, v in api.instant(
         f"max by (UUID) (max_over_time({GPU_MEMORY}[{w}]))", end)}  # fmt: skip
     owners = _owners(api, end, sel, w)
@@ -69,6 +83,26 @@ def gather(
         f.gpu_memory = memory.get(s.gpu)
         f.owner = owners.get((s.namespace, s.pod))
     return facts
+
+
+def _pieces(
+    end: float, window_s: float, step_s: float, series: int, max_samples: int
+) -> list[tuple[float, float]]:
+    """(evaluation time, length) of consecutive pieces covering the window, each of at
+    most max_samples samples. Their ends sit half a step off the step's grid (where a
+    subquery evaluates), so no evaluation falls on the boundary of two pieces."""
+    steps = max(1, max_samples // max(1, series))
+    length = steps * step_s
+    last = (math.floor(end / step_s) + 0.5) * step_s
+    if last > end:
+        last -= step_s
+    first = last - window_s
+    out = []
+    t = last
+    while t > first:
+        out.append((t, min(length, t - first)))
+        t -= length
+    return out
 
 
 def _owners(api: PrometheusApi, end: float, sel: str, w: str) -> dict[tuple[str, str], str]:
@@ -103,6 +137,13 @@ def _number(text: str, query: str) -> float:
         return float(text)
     except ValueError:
         raise PrometheusError(f"a value of {query} is not a number: {text[:40]!r}") from None
+
+
+def _count(text: str, query: str) -> int:
+    value = _number(text, query)
+    if not (math.isfinite(value) and 0 <= value <= 1 << 40 and value == int(value)):
+        raise PrometheusError(f"a count of {query} is not a count: {text[:40]!r}")
+    return int(value)
 
 
 def _dur(seconds: float) -> str:
