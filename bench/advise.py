@@ -25,8 +25,8 @@ FIGURES = ("advise_1000_pods_7d", "advise_peak_rss")
 
 def _trial(url: str, window: str) -> tuple[float, float, int]:
     """(seconds, peak RSS in MiB, workloads advised) of one command."""
-    argv = [sys.executable, "-m", "gpuslice", "advise", "--prometheus", url,
-            "--window", window, "--step", "30s", "--end", "1800000000", "--output", "json"]  # fmt: skip
+    argv = [sys.executable, "-m", "gpuslice", "advise", "--prometheus", url, "--window",
+            window, "--step", "30s", "--end", "1800000000", "--output", "json"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

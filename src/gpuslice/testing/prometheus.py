@@ -91,10 +91,8 @@ class SyntheticPrometheus:
             return ok("vector", self._counts(query, float(at)))
         if "gpu_memory_total_bytes" in query:
             gpus = sorted({pod_labels(i)["UUID"] for i in range(self.pods)})
-            items = [
-                f'{{"metric":{{"UUID":"{u}"}},"value":[{at},"{GPU_MIB * MIB}"]}}' for u in gpus
-            ]
-            return ok("vector", ("[" + ",".join(items) + "]").encode())
+            each = [f'{{"metric":{{"UUID":"{u}"}},"value":[{at},"{GPU_MIB * MIB}"]}}' for u in gpus]
+            return ok("vector", ("[" + ",".join(each) + "]").encode())
         if "allocated_ratio" in query:
             values = [b"0.25"] * CURVES
         elif "peak_bytes" in query or "memory_used_bytes" in query:
