@@ -19,6 +19,7 @@ from gpuslice.core.advice_stats import Distribution
 HEADROOM = 0.10
 MIB = 1024 * 1024
 MAX_REPLICAS = 1024  # the config's own bound
+MIG_RESOURCE = "nvidia.com/mig-"
 OVER, FITS, WASTEFUL, UNKNOWN = "over-packed", "fits", "wasteful", "unknown"
 # The generated tails of a pod name: a ReplicaSet's hash and the pod's own 5 characters,
 # a StatefulSet's ordinal, a Job's suffix.
@@ -68,6 +69,7 @@ class Advice:
     pods: int
     share: float | None  # the share of the GPU each holds (the most common one)
     gpu_memory: float | None
+    device_memory: float | None  # of what is replicated: the GPU, or its MIG device
     samples: int
     hours: float
     memory_p95: float | None
@@ -85,7 +87,9 @@ class Advice:
 
     @property
     def current_replicas(self) -> int | None:
-        return round(1 / self.share) if self.share else None
+        if not (self.share and self.gpu_memory and self.device_memory):
+            return None
+        return max(1, round(self.device_memory / (self.share * self.gpu_memory)))
 
 
 def workload_of(pod: str, owner: str | None) -> tuple[str, str]:
@@ -159,24 +163,29 @@ def _advice(
         notes.append("no share held in the window (not allocated through gpuslice)")
     if gpu_memory is None:
         notes.append(f"GPU memory of {model or 'its GPU'} unknown")
+    elif resource.startswith(MIG_RESOURCE) and model not in rules.mig_profiles:
+        notes.append(f"MIG profiles of {model or 'its GPU'} unknown: what fits is not said")
     replicas = bare = None
     profile, mig_note, limit, source = None, "", None, ""
     verdict, back = UNKNOWN, 0.0
-    if peak is not None and gpu_memory:
-        replicas, bare = replicas_for(peak, gpu_memory), replicas_for(peak, gpu_memory, 0.0)
+    device = _device_memory(resource, model, gpu_memory, rules.mig_profiles)
+    if peak is not None and gpu_memory and device:
+        replicas, bare = replicas_for(peak, device), replicas_for(peak, device, 0.0)
         if replicas < 1:
+            what = "a whole GPU" if device == gpu_memory else "its MIG device"
             notes.append(
-                f"peak above any share: {_mib(peak)} needs more than a whole GPU "
-                f"({_mib(gpu_memory)}) with {HEADROOM:.0%} headroom"
+                f"peak above any share: {_mib(peak)} needs more than {what} "
+                f"({_mib(device)}) with {HEADROOM:.0%} headroom"
             )
         profile, mig_note = _mig(peak, model, rules.mig_profiles)
         enforced = max((f.limit for _, f in members if f.limit is not None), default=None)
-        limit, source = memory_limit(enforced, gpu_memory, replicas)
+        limit, source = memory_limit(enforced, device, replicas)
         if share is not None and memory.count >= rules.min_samples:
-            verdict, back = _verdict(share, replicas, peak, gpu_memory, len(members))
+            verdict, back = _verdict(share, replicas, peak, gpu_memory, device, len(members))
     return Advice(
         namespace=namespace, workload=name, grouped_by=basis, container=container,
         resource=resource, model=model, pods=pods, share=share, gpu_memory=gpu_memory,
+        device_memory=device,
         samples=memory.count, hours=memory.count * rules.step_s / 3600,
         memory_p95=memory.quantile(0.95), memory_max=peak,
         utilization_p95=util.quantile(0.95), replicas=replicas, replicas_bare=bare,
@@ -186,17 +195,28 @@ def _advice(
 
 
 def _verdict(
-    share: float, replicas: int, peak: float, gpu_memory: float, holders: int
+    share: float, replicas: int, peak: float, gpu_memory: float, device: float, holders: int
 ) -> tuple[str, float]:
     """over-packed when the share leaves less than HEADROOM above the peak; wasteful when
     more replicas would fit than it has, with the GPUs its holders would give back."""
     if peak * (1 + HEADROOM) > share * gpu_memory:
         return OVER, 0.0
-    current = round(1 / share)
+    current = max(1, round(device / (share * gpu_memory)))
     if replicas > current:
-        held = holders * share
-        return WASTEFUL, math.floor((held - holders / replicas) * 100) / 100
+        needed = holders * device / gpu_memory / replicas
+        return WASTEFUL, math.floor((holders * share - needed) * 100) / 100
     return FITS, 0.0
+
+
+def _device_memory(
+    resource: str, model: str, gpu_memory: float | None, table: Mapping[str, Mapping[str, int]]
+) -> float | None:
+    """The memory of what a resource replicates: a MIG device of the profile its name
+    says (from the table), else the whole GPU."""
+    if resource.startswith(MIG_RESOURCE):
+        mib = table.get(model, {}).get(resource.removeprefix(MIG_RESOURCE))
+        return None if mib is None else mib * MIB
+    return gpu_memory
 
 
 def _mig(peak: float, model: str, table: Mapping[str, Mapping[str, int]]) -> tuple[str | None, str]:

@@ -147,7 +147,7 @@ class PrometheusApi:
             size += len(chunk)
             if size > self.limits.max_body:
                 raise PrometheusError(
-                    f"{self.url} answered more than {self.limits.max_body >> 20} MiB for one "
+                    f"{self.url} answered more than {self.limits.max_body:,} bytes for one "
                     "query; narrow it (--namespace, a shorter --window or a longer --step)"
                 )
             parts.append(chunk)
