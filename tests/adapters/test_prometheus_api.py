@@ -30,13 +30,14 @@ def fixed(answer: Answer) -> SyntheticPrometheus:
     return SyntheticPrometheus(0, respond=lambda path, params: answer)
 
 
-def read(url: str, limits: Limits = Limits()) -> None:
-    gather(PrometheusApi(url, limits), END, WEEK, 30)
+def read(url: str, limits: Limits | None = None) -> None:
+    gather(PrometheusApi(url, limits or Limits()), END, WEEK, 30)
 
 
 def one_line(exc: pytest.ExceptionInfo[PrometheusError]) -> str:
     text = str(exc.value)
-    assert "\n" not in text and len(text) < 500, text
+    assert "\n" not in text, text
+    assert len(text) < 500, text
     return text
 
 
@@ -165,7 +166,8 @@ def test_nan_and_inf_samples_are_counted_apart_and_said() -> None:
         facts = gather(PrometheusApi(fake.url), END, 86400.0, 30)
     (first, *_) = advise(facts, Rules(30, 120))
     assert "14 samples not finite (NaN/Inf), ignored" in first.notes
-    assert first.samples == 2880 and first.memory_p95 is not None
+    assert first.samples == 2880
+    assert first.memory_p95 is not None
 
 
 def test_a_value_that_is_not_a_number_is_one_line() -> None:

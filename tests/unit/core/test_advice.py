@@ -187,7 +187,7 @@ def test_proposed_config_never_has_more_replicas_than_the_tightest_peak_allows(
     text = propose_config(advice)
     assert "# nvidia.com/gpu: 4 -> 3 replicas; the tightest, b/train, peaks at 3,600 MiB" in text
     assert "replicas: 3" in text
-    (result,) = _validate(tmp_path, text)
+    (_result,) = _validate(tmp_path, text)
 
 
 def test_several_models_give_a_configmap_of_one_entry_each(tmp_path: Path) -> None:
@@ -203,7 +203,8 @@ def test_several_models_give_a_configmap_of_one_entry_each(tmp_path: Path) -> No
     )  # fmt: skip
     text = propose_config(advice)
     assert "kind: ConfigMap" in text
-    assert "  tesla-t4: |-" in text and "  nvidia-a100-sxm4-40gb: |-" in text
+    assert "  tesla-t4: |-" in text
+    assert "  nvidia-a100-sxm4-40gb: |-" in text
     assert (
         "# nvidia.com/gpu: 4 -> 1 replicas; the tightest, b/big, peaks at 30,000 MiB: not shared"
         in text
