@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from gpuslice.core.advice import MIB, UNKNOWN, WASTEFUL, Advice, Rules, advise, total_gpus_back
 from gpuslice.core.advice_config import propose_config
 from gpuslice.core.errors import ConfigError
-from gpuslice.wiring import mig_profiles, prometheus_facts
+from gpuslice.wiring import SyntheticPrometheus, mig_profiles, prometheus_facts
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -64,12 +64,26 @@ def run_advise(
     return render_table(advice)
 
 
+def demo_advice(pods: int = 8) -> str:
+    """The advice table over a synthetic Prometheus (the testing kit's) holding a day of
+    `pods` containers' series on A100s: the shape of what `advise` prints."""
+    with SyntheticPrometheus(pods) as fake:
+        table = run_advise(fake.url, window="1d", step="30s", min_samples=120, namespace="",
+                           output="table", end=1_800_000_000)  # fmt: skip
+    return (
+        f"gpuslice advise over a synthetic Prometheus: {pods} pods' series, one day at 30 s\n\n"
+        + table
+    )
+
+
 def render_table(advice: Sequence[Advice]) -> str:
-    head = ("WORKLOAD", "HOLDS", "MEMORY P95/MAX", "UTIL P95", "SAMPLES", "FITS/GPU", "MIG",
-            "LIMIT", "VERDICT")  # fmt: skip
+    head = ("WORKLOAD", "PODS", "HOLDS", "MEMORY P95/MAX", "UTIL P95", "SAMPLES", "FITS/GPU",
+            "MIG", "LIMIT", "VERDICT")  # fmt: skip
     rows = [head, *(_row(a) for a in advice)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if any(a.grouped_by != "owner" for a in advice):
+        lines.append("* grouped by the pods' name prefix: no owner known (kube_pod_owner)")
     for a in advice:
         lines.extend(f"! {_name(a)}: {note}" for note in a.notes)
     verdicts = Counter(a.verdict for a in advice)
@@ -82,28 +96,29 @@ def render_table(advice: Sequence[Advice]) -> str:
 
 
 def _name(a: Advice) -> str:
-    how = "" if a.grouped_by == "owner" else " (by name prefix)"
-    return f"{a.namespace}/{a.workload}/{a.container}{how}"
+    return f"{a.namespace}/{a.workload}/{a.container}" + ("" if a.grouped_by == "owner" else "*")
 
 
 def _row(a: Advice) -> tuple[str, ...]:
-    holds = f"{a.resource} {_share(a.share)} of {a.model or '?'} ({_mib(a.gpu_memory)})"
+    model = (a.model or "?").removeprefix("NVIDIA ")
+    holds = f"{a.resource.removeprefix('nvidia.com/')} {_share(a.share)} of {model}"
+    holds += f" ({_mib(a.gpu_memory)})"
     memory = f"{_mib(a.memory_p95, False)}/{_mib(a.memory_max)}"
     util = "n/a" if a.utilization_p95 is None else f"{a.utilization_p95:.0%}"
     samples = f"{a.samples} ({a.hours:.1f} h)"
     if a.replicas is None:
         fits = "?"
     else:
-        bare = f" ({a.replicas_bare} w/o headroom)" if a.replicas_bare != a.replicas else ""
+        bare = f" ({a.replicas_bare} bare)" if a.replicas_bare != a.replicas else ""
         fits = f"{a.replicas}{bare}"
     mig = a.mig_profile or "-"
-    limit = "-" if a.memory_limit is None else f"{_mib(a.memory_limit)} {a.limit_source}"
+    limit = "-" if a.memory_limit is None else f"{_mib(a.memory_limit)} ({a.limit_source})"
     verdict = a.verdict
     if a.verdict == WASTEFUL:
-        verdict += f" ({a.gpus_back:g} GPU back)"
+        verdict += f", {a.gpus_back:g} GPU back"
     elif a.verdict == UNKNOWN:
-        verdict += " (see notes)"
-    return (_name(a) + f" x{a.pods}", holds, memory, util, samples, fits, mig, limit, verdict)
+        verdict += " (see !)"
+    return (_name(a), str(a.pods), holds, memory, util, samples, fits, mig, limit, verdict)
 
 
 def _share(share: float | None) -> str:

@@ -328,8 +328,20 @@ def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
 @main.command()
 @click.option("--profile", default="dgx-a100", show_default=True, help="simulated node profile")
 @click.option("--verbose", is_flag=True, help="also print the agent's log lines")
-def demo(profile: str, verbose: bool) -> None:
+@click.option(
+    "--advise", "show_advice", is_flag=True,
+    help="instead, right-sizing advice read from a synthetic Prometheus (gpuslice advise)",
+)  # fmt: skip
+def demo(profile: str, verbose: bool, show_advice: bool) -> None:
     """Run the agent on a simulated node against a kubelet stand-in and show what it does."""
+    if show_advice:
+        from gpuslice.advise_cmd import demo_advice
+
+        try:
+            click.echo(demo_advice())
+        except GpusliceError as exc:
+            fail(exc)
+        return
     from gpuslice.demo import run_demo
 
     try:

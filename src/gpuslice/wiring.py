@@ -93,6 +93,7 @@ if TYPE_CHECKING:
         StandinError,
     )
     from gpuslice.testing.nodeapi import MemoryNodeApi
+    from gpuslice.testing.prometheus import SyntheticPrometheus
 
 # The simulated cluster `gpuslice demo` runs against (the testing kit), loaded when used.
 _KIT = {
@@ -102,6 +103,7 @@ _KIT = {
     "InsufficientResourceError": "gpuslice.testing.kubelet.records",
     "StandinError": "gpuslice.testing.kubelet.records",
     "MemoryNodeApi": "gpuslice.testing.nodeapi",
+    "SyntheticPrometheus": "gpuslice.testing.prometheus",
 }
 
 
@@ -119,6 +121,7 @@ __all__ = [
     "Node",
     "RunOptions",
     "StandinError",
+    "SyntheticPrometheus",
     "resolve_options",
     "write_configmap_volume",
 ]

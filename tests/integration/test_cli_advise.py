@@ -43,11 +43,14 @@ def test_the_table_has_one_row_per_workload_and_a_summary() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split()[:3] == ["WORKLOAD", "HOLDS", "MEMORY"]
-    assert len(lines) == 1 + 8 + 1  # each pod is its own job here
-    assert "team-0/job0/main (by name prefix) x1" in lines[1]
-    assert "nvidia.com/gpu 1/4 of NVIDIA A100-SXM4-40GB (40,960 MiB)" in lines[1]
+    assert len(lines) == 1 + 8 + 2  # each pod is its own job here
+    assert lines[1].split()[:2] == ["team-0/job0/main*", "1"]
+    assert "gpu 1/4 of A100-SXM4-40GB (40,960 MiB)" in lines[1]
     assert "2880 (24.0 h)" in lines[1]
-    assert lines[-1].startswith("8 workloads: ")
+    assert lines[-2] == "* grouped by the pods' name prefix: no owner known (kube_pod_owner)"
+    assert lines[-1] == (
+        "8 workloads: 1 fits, 1 over-packed, 6 wasteful; 0.69 GPUs could be given back"
+    )
 
 
 def test_json_and_a_config_that_validates(tmp_path: Path) -> None:
@@ -96,3 +99,12 @@ def test_a_window_without_data() -> None:
 def test_bad_flags(args: list[str], said: str, code: int) -> None:
     with SyntheticPrometheus(1) as fake:
         assert said in failed_in_one_line(advise(fake.url, *args), code)
+
+
+def test_the_demo_shows_a_short_advice_table_with_every_verdict() -> None:
+    done = gpuslice("demo", "--advise")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2].startswith("WORKLOAD")
+    rows = lines[3:11]
+    assert {row.split()[-1] for row in rows} >= {"fits", "over-packed", "back"}
