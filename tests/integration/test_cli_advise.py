@@ -42,7 +42,7 @@ def test_the_table_has_one_row_per_workload_and_a_summary() -> None:
         done = advise(fake.url)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].split()[:3] == ["WORKLOAD", "HOLDS", "MEMORY"]
+    assert lines[0].split()[:3] == ["WORKLOAD", "PODS", "HOLDS"]
     assert len(lines) == 1 + 8 + 2  # each pod is its own job here
     assert lines[1].split()[:2] == ["team-0/job0/main*", "1"]
     assert "gpu 1/4 of A100-SXM4-40GB (40,960 MiB)" in lines[1]
