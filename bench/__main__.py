@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from bench import (
+    advise,
     configmap,
     dra,
     events,
@@ -49,6 +50,7 @@ GROUPS: dict[str, Group] = {
     "sampling": (sampling.FIGURES, sampling.run),
     "dra": (dra.FIGURES, dra.run),
     "upgrade": (upgrade.FIGURES, upgrade.run),
+    "advise": (advise.FIGURES, advise.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -40,6 +40,8 @@ FIGURES = {
     "dra_prepare_8_p99",
     "dra_publish_after_health_p99",
     "upgrade_gap",
+    "advise_1000_pods_7d",
+    "advise_peak_rss",
 }
 
 
