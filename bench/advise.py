@@ -67,5 +67,5 @@ async def run(plan: Plan) -> list[Figure]:
     return [
         Figure(FIGURES[0], f"gpuslice advise, {pods} pods x {window} at 30 s", S, times,
                (Target(10.0),), detail=detail),
-        Figure(FIGURES[1], "its peak RSS", MIB, rss, (Target(400.0),), detail=detail),
+        Figure(FIGURES[1], "its peak RSS", MIB, rss, (Target(256.0),), detail=detail),
     ]  # fmt: skip
