@@ -136,11 +136,12 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """A real Prometheus server scraping one target every SCRAPE_S, storing in `work`."""
+    """A real Prometheus server scraping one target (and `others`) every SCRAPE_S, storing
+    in `work`."""
 
     SCRAPE_S = 0.5  # its first scrape still waits for discovery's first update (5 s)
 
-    def __init__(self, binary: str, target: str, work: Path) -> None:
+    def __init__(self, binary: str, target: str, work: Path, *others: str) -> None:
         self.binary = binary
         self.port = free_port()
         self.work = work
@@ -155,7 +156,7 @@ class Prometheus:
             "  - job_name: gpuslice\n"
             "    honor_labels: true\n"
             "    static_configs:\n"
-            f"      - targets: ['{target}']\n",
+            f"      - targets: {[target, *others]!r}\n",
             encoding="utf-8",
         )
         self.config = config

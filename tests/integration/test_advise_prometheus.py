@@ -2,7 +2,7 @@
 t4x4 node (ts-4: each replica a quarter of a 15,360 MiB T4). Four pods of three workloads
 use memory along curves this test chooses, through the events file (the same pid again
 with a new size): one workload fits its share, one is over-packed, one (two pods) is
-wasteful. Its figures are checked against ones computed here from the raw samples
+wasteful. Prometheus also scrapes a kube-state-metrics stand-in naming one pod's owner. Its figures are checked against ones computed here from the raw samples
 Prometheus stored, evaluated step by step as a range query does.
 .ci/run installs Prometheus, so there this fails rather than skips when it is missing."""
 
@@ -13,9 +13,11 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,39 @@ CURVES = {
     "web/api-6f7d9c8b4-p8x7w": (4004, [400, 600, 780, 500, 450, 620, 480, 530],
                                 [5, 7, 6, 9, 4, 8, 6, 7]),
 }  # fmt: skip
+
+
+# kube-state-metrics' series of the infer pod's owner; the other pods have none known.
+OWNERS = (
+    'kube_pod_owner{namespace="serving",pod="infer-5d8f9c7b6-x2k4p",uid="u1",'
+    'owner_kind="ReplicaSet",owner_name="infer-5d8f9c7b6",owner_is_controller="true"} 1\n'
+)
+
+
+@pytest.fixture
+def kube_state_metrics() -> Iterator[str]:
+    """A scrape target serving OWNERS, as kube-state-metrics would; its address."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = OWNERS.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
@@ -112,6 +147,7 @@ def raw_samples(
 
 async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_raw_samples(
     binary: str,
+    kube_state_metrics: str,
     pod_kubelet: KubeletStandin,
     plugin_dir: str,
     processes: list[AgentProcess],
@@ -120,7 +156,7 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
     port = free_port()
     work = tmp_path / "prometheus"
     work.mkdir()
-    prometheus = Prometheus(binary, f"127.0.0.1:{port}", work)
+    prometheus = Prometheus(binary, f"127.0.0.1:{port}", work, kube_state_metrics)
     await prometheus.start()
     assert pod_kubelet.pod_resources_socket is not None
     flags = ["--pod-resources-socket", pod_kubelet.pod_resources_socket,
@@ -157,7 +193,9 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
             version = prometheus._get("/api/v1/status/buildinfo")["data"]["version"]
             closed = str(version).startswith("2.")
             by_name = {w["workload"]: w for w in report["workloads"]}
-            assert set(by_name) == {"infer", "train", "api"}
+            assert set(by_name) == {"ReplicaSet/infer-5d8f9c7b6", "train", "api"}
+            by_name["infer"] = by_name.pop("ReplicaSet/infer-5d8f9c7b6")
+            assert by_name["infer"]["grouped_by"] == "owner"
             workloads = {
                 "infer": ["serving/infer-5d8f9c7b6-x2k4p"],
                 "train": ["ml/train-0"],
@@ -174,7 +212,7 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
                     util += stepped(raw, end, window_s, "avg", closed)
                 w = by_name[name]
                 peak = max(max(CURVES[p][1]) for p in pods) * MIB
-                assert w["grouped_by"] == "name prefix"
+                assert w["grouped_by"] == ("owner" if name == "infer" else "name prefix")
                 assert (w["resource"], w["model"], w["share"]) == (GPU, "Tesla T4", 0.25)
                 assert w["gpu_memory"] == T4_MIB * MIB
                 assert w["pods"] == len(pods)
