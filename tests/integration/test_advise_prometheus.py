@@ -2,8 +2,9 @@
 t4x4 node (ts-4: each replica a quarter of a 15,360 MiB T4). Four pods of three workloads
 use memory along curves this test chooses, through the events file (the same pid again
 with a new size): one workload fits its share, one is over-packed, one (two pods) is
-wasteful. Prometheus also scrapes a kube-state-metrics stand-in naming one pod's owner. Its figures are checked against ones computed here from the raw samples
-Prometheus stored, evaluated step by step as a range query does.
+wasteful. Prometheus also scrapes a kube-state-metrics stand-in naming one pod's owner.
+The advice is checked against figures computed here from the raw samples Prometheus
+stored, evaluated step by step as Prometheus evaluates advise's queries.
 .ci/run installs Prometheus, so there this fails rather than skips when it is missing."""
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def kube_state_metrics() -> Iterator[str]:
     """A scrape target serving OWNERS, as kube-state-metrics would; its address."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             body = OWNERS.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
