@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from collections import Counter
@@ -43,6 +44,8 @@ def run_advise(
     window_s, step_s = duration_s("--window", window), duration_s("--step", step)
     if step_s > window_s:
         raise ConfigError(f"--step {step} is longer than --window {window}")
+    if end is not None and not math.isfinite(end):
+        raise ConfigError(f"--end {end}: expected a Unix time")
     now = time.time() if end is None else end
     facts = prometheus_facts(url, end=now, window_s=window_s, step_s=step_s, namespace=namespace)
     if not facts:

@@ -5,6 +5,7 @@ sampling query stays within its bound of samples, and the pieces cover the windo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -142,14 +143,8 @@ def test_sampling_queries_stay_within_their_bound_and_cover_the_window() -> None
 
 def test_nan_and_inf_samples_are_counted_apart_and_said() -> None:
     def with_bad(fake: SyntheticPrometheus) -> None:
-        plain = fake.answer
-
         def respond(path: str, params: dict[str, str]) -> Answer:
-            fake.respond = None
-            try:
-                status, ctype, body = plain(path, params)
-            finally:
-                fake.respond = respond
+            status, ctype, body = fake.synthetic(path, params)
             if "count_values" in params.get("query", "") and "memory" in params["query"]:
                 answer = json.loads(body)
                 first = dict(answer["data"]["result"][0]["metric"])
@@ -175,3 +170,22 @@ def test_a_value_that_is_not_a_number_is_one_line() -> None:
     with fixed((200, "application/json", bad)) as fake, pytest.raises(PrometheusError) as exc:
         read(fake.url)
     assert "is not a count: 'lots'" in one_line(exc)
+
+
+def test_nan_and_inf_facts_read_as_absent_and_the_advice_stays_finite() -> None:
+    with SyntheticPrometheus(2) as fake:
+
+        def respond(path: str, params: dict[str, str]) -> Answer:
+            query = params.get("query", "")
+            if "allocated_ratio" in query or "gpu_memory_total_bytes" in query:
+                item = '{"metric":{"UUID":"GPU-00000000","pod":"job0-7f9c8d6b5-00000"},'
+                body = f'[{item}"value":[1,"NaN"]}},{item}"value":[1,"+Inf"]}}]'
+                return ok("vector", body.encode())
+            return fake.synthetic(path, params)
+
+        fake.respond = respond
+        facts = gather(PrometheusApi(fake.url), END, 86400.0, 30)
+    found = advise(facts, Rules(30, 120))
+    assert all(a.share is None and a.gpu_memory is None for a in found)
+    assert all(a.verdict == "unknown" for a in found)
+    json.dumps([dataclasses.asdict(a) for a in found], allow_nan=False)  # what --output json does

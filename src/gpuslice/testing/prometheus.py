@@ -93,6 +93,10 @@ class SyntheticPrometheus:
     def answer(self, path: str, params: dict[str, str]) -> Answer:
         if self.respond is not None:
             return self.respond(path, params)
+        return self.synthetic(path, params)
+
+    def synthetic(self, path: str, params: dict[str, str]) -> Answer:
+        """The answer from the curves (what `respond` may start from)."""
         if path != "/api/v1/query":
             return 404, "text/plain", b"404 page not found"
         query, at = params.get("query", ""), params.get("time", "0")

@@ -48,16 +48,20 @@ def gather(
         return facts
 
     def each(query: str) -> list[tuple[Series, float]]:
-        return [(_series(m), _number(v, query)) for m, v in api.instant(query, end)]
+        """Its finite values (NaN and Inf: as if absent)."""
+        found = ((_series(m), _number(v, query)) for m, v in api.instant(query, end))
+        return [(s, v) for s, v in found if math.isfinite(v)]
 
     for s, v in each(f"last_over_time({SHARE}{sel}[{w}])"):
-        _facts(facts, s).share = v
+        if 0 < v <= 1:
+            _facts(facts, s).share = v
     for s, v in each(f"min_over_time({SHARE}{sel}[{w}])"):
-        _facts(facts, s).smallest_share = v
+        if 0 < v <= 1:
+            _facts(facts, s).smallest_share = v
     for query in (f"max_over_time({PEAK}{sel}[{w}])", f"max_over_time({USED}{sel}[{w}])"):
         for s, v in each(query):
             f = _facts(facts, s)
-            f.peak = v if f.peak is None or not math.isfinite(f.peak) else max(f.peak, v)
+            f.peak = v if f.peak is None else max(f.peak, v)
     for s, v in each(f"max_over_time({LIMIT}{sel}[{w}])"):
         _facts(facts, s).limit = v
     step = _dur(step_s)
@@ -76,8 +80,8 @@ def gather(
                 found = by_labels.get(key) or by_labels.setdefault(key, _facts(facts, _series(m)))
                 value = _number(m.get("v", ""), query) * unit
                 getattr(found, into).add(value, _count(times, query))
-    memory = {m.get("UUID", ""): _number(v, GPU_MEMORY) for m, v in api.instant(
-        f"max by (UUID) (max_over_time({GPU_MEMORY}[{w}]))", end)}  # fmt: skip
+    query = f"max by (UUID) (max_over_time({GPU_MEMORY}[{w}]))"
+    memory = {s.gpu: v for s, v in each(query) if v > 0}
     owners = _owners(api, end, sel, w)
     for s, f in facts.items():
         f.gpu_memory = memory.get(s.gpu)
