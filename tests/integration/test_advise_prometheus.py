@@ -233,6 +233,14 @@ async def test_advise_reads_real_prometheus_and_matches_figures_computed_from_ra
             assert api["gpus_back"] == math.floor((2 * 0.25 - 2 / 17) * 100) / 100
             assert report["gpus_back"] == api["gpus_back"]
 
+            code, out, err = await advise(
+                f"http://127.0.0.1:{prometheus.port}", "--window", f"{window_s}s",
+                "--step", "500ms", "--min-samples", "10", "--end", f"{end:.3f}",
+                "--namespace", "web", "--output", "json",
+            )  # fmt: skip
+            assert code == 0, err
+            assert [w["workload"] for w in json.loads(out)["workloads"]] == ["api"]
+
             code, text, err = await advise(
                 f"http://127.0.0.1:{prometheus.port}", "--window", f"{window_s}s",
                 "--step", "500ms", "--min-samples", "10", "--end", f"{end:.3f}",
