@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from bench.harness import MIB, Figure, S, Target
@@ -28,14 +29,16 @@ def _trial(url: str, window: str) -> tuple[float, float, int]:
     argv = [sys.executable, "-m", "gpuslice", "advise", "--prometheus", url, "--window",
             window, "--step", "30s", "--end", "1800000000", "--output", "json"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    elapsed = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"gpuslice advise failed: {err.decode()[-300:]}")
+    with tempfile.TemporaryFile() as err:  # a file: a full stderr pipe cannot block it
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
+        out = proc.stdout.read()  # type: ignore[union-attr]
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        elapsed = time.perf_counter() - started
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"gpuslice advise failed: {err.read().decode()[-300:]}")
     workloads = len(json.loads(out)["workloads"])
     return elapsed, usage.ru_maxrss / 1024, workloads
 
