@@ -22,8 +22,8 @@ MAX_REPLICAS = 1024  # the config's own bound
 MIG_RESOURCE = "nvidia.com/mig-"
 OVER, FITS, WASTEFUL, UNKNOWN = "over-packed", "fits", "wasteful", "unknown"
 # The generated tails of a pod name: a ReplicaSet's hash and the pod's own 5 characters,
-# a StatefulSet's ordinal, a Job's suffix.
-_POD_SUFFIX = re.compile(r"(?:-[a-z0-9]{6,10})?-[a-z0-9]{5}$|-\d+$")
+# a StatefulSet's ordinal, a Job's suffix. The chart's recording rules strip the same.
+_POD_SUFFIX = re.compile(r"(?:-[a-z0-9]{6,10})?(?:-[a-z0-9]{5}|-[0-9]+)$")
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -95,6 +95,8 @@ def test_workloads_by_owner_else_by_name_prefix_said_as_such() -> None:
     assert workload_of("web-6f7d9c8b4-k2m9z", None) == ("web", "name prefix")
     assert workload_of("train-0", None) == ("train", "name prefix")
     assert workload_of("batch-x7k2p", None) == ("batch", "name prefix")
+    assert workload_of("sweep-abc123-7", None) == ("sweep", "name prefix")
+    assert workload_of("solo", None) == ("solo", "name prefix")
     assert workload_of("web-6f7d9c8b4-k2m9z", "ReplicaSet/web-6f7d9c8b4") == (
         "ReplicaSet/web-6f7d9c8b4",
         "owner",
