@@ -51,7 +51,7 @@ class _Answer(msgspec.Struct, Generic[T]):
     errorType: str = ""  # noqa: N815 - the API's name
 
 
-class _Sample(msgspec.Struct, array_like=False):
+class _Sample(msgspec.Struct):
     metric: dict[str, str]
     value: tuple[float, str]
 
@@ -122,16 +122,20 @@ class PrometheusApi:
     def _fetch(self, url: str) -> tuple[bytes, int, str]:
         deadline = time.monotonic() + self.limits.timeout_s
         request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - http(s) only, checked in __init__
+        reply: HTTPResponse | urllib.error.HTTPError
         try:
-            with _OPENER.open(request, timeout=self.limits.timeout_s) as reply:
-                return self._body(reply, deadline), reply.status, reply.headers.get_content_type()
+            reply = _OPENER.open(request, timeout=self.limits.timeout_s)
         except urllib.error.HTTPError as exc:  # Prometheus answers 400/422/503 with JSON
-            with exc:
-                ctype = exc.headers.get_content_type() if exc.headers else ""
-                return self._body(exc, deadline), exc.code, ctype
+            reply = exc
         except (urllib.error.URLError, OSError, HTTPException, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+        try:
+            with reply:
+                ctype = reply.headers.get_content_type() if reply.headers else ""
+                return self._body(reply, deadline), reply.status or 0, ctype
+        except (OSError, HTTPException) as exc:
+            raise PrometheusError(f"{self.url} broke off its answer: {exc}") from None
 
     def _body(self, reply: HTTPResponse | urllib.error.HTTPError, deadline: float) -> bytes:
         parts: list[bytes] = []
