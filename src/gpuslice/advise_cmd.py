@@ -18,6 +18,7 @@ from gpuslice.wiring import SyntheticPrometheus, mig_profiles, prometheus_facts
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 MAX_WINDOW_S = 90 * 86400
+MAX_STEPS = 1_000_000  # per series: 7 days at 30 s is 20,160
 
 
 def duration_s(flag: str, text: str) -> float:
@@ -44,6 +45,8 @@ def run_advise(
     window_s, step_s = duration_s("--window", window), duration_s("--step", step)
     if step_s > window_s:
         raise ConfigError(f"--step {step} is longer than --window {window}")
+    if window_s / step_s > MAX_STEPS:
+        raise ConfigError(f"--window {window} is more than {MAX_STEPS:,} steps of {step}")
     if end is not None and not math.isfinite(end):
         raise ConfigError(f"--end {end}: expected a Unix time")
     now = time.time() if end is None else end

@@ -93,6 +93,7 @@ def test_a_window_without_data() -> None:
         (["--window", "7x"], '--window "7x": expected a duration', 1),
         (["--window", "400d"], "at most 90d", 1),
         (["--step", "2d"], "--step 2d is longer than --window 1d", 1),
+        (["--step", "50ms"], "--window 1d is more than 1,000,000 steps of 50ms", 1),
         (["--output", "yaml"], "Invalid value for '--output'", 2),  # a usage error
     ],
 )
