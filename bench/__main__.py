@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from bench import (
+    advise,
     configmap,
     dra,
     events,
@@ -51,6 +52,7 @@ GROUPS: dict[str, Group] = {
     "dra": (dra.FIGURES, dra.run),
     "upgrade": (upgrade.FIGURES, upgrade.run),
     "metrics_auth": (metrics_auth.FIGURES, metrics_auth.run),
+    "advise": (advise.FIGURES, advise.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -328,14 +328,61 @@ def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
 @main.command()
 @click.option("--profile", default="dgx-a100", show_default=True, help="simulated node profile")
 @click.option("--verbose", is_flag=True, help="also print the agent's log lines")
-def demo(profile: str, verbose: bool) -> None:
+@click.option(
+    "--advise", "show_advice", is_flag=True,
+    help="instead, right-sizing advice read from a synthetic Prometheus (gpuslice advise)",
+)  # fmt: skip
+def demo(profile: str, verbose: bool, show_advice: bool) -> None:
     """Run the agent on a simulated node against a kubelet stand-in and show what it does."""
+    if show_advice:
+        from gpuslice.advise_cmd import demo_advice
+
+        try:
+            click.echo(demo_advice())
+        except GpusliceError as exc:
+            fail(exc)
+        return
     from gpuslice.demo import run_demo
 
     try:
         asyncio.run(run_demo(profile, verbose=verbose, out=click.echo))
     except GpusliceError as exc:
         fail(exc)
+
+
+@main.command()
+@click.option("--prometheus", "url", required=True, metavar="URL", help="Prometheus' base URL")
+@click.option("--window", default="7d", show_default=True, help="how far back to read")
+@click.option("--step", default="30s", show_default=True, help="one sample per step")
+@click.option("--min-samples", default=120, show_default=True, type=click.IntRange(1),
+              help="fewer samples than this: too few to judge")  # fmt: skip
+@click.option("--namespace", default="", help="only this namespace's workloads")
+@click.option("--end", type=float, metavar="UNIX_TIME", help="the window's end [default: now]")
+@click.option(
+    "--output",
+    type=click.Choice(["table", "json", "config"]),
+    default="table",
+    show_default=True,
+    help="advice per workload, as a table or JSON, or a proposed v1 config",
+)
+def advise(
+    url: str,
+    window: str,
+    step: str,
+    min_samples: int,
+    namespace: str,
+    end: float | None,
+    output: str,
+) -> None:
+    """Right-size shared GPUs from what each workload used, read from Prometheus."""
+    from gpuslice.advise_cmd import run_advise
+
+    try:
+        text = run_advise(url, window=window, step=step, min_samples=min_samples,
+                          namespace=namespace, output=output, end=end)  # fmt: skip
+    except GpusliceError as exc:
+        fail(exc)
+    click.echo(text, nl=not text.endswith("\n"))
 
 
 @main.group(cls=OneLineErrors)

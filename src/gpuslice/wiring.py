@@ -37,6 +37,7 @@ from gpuslice.config.options import (
 )
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.config.v1 import Config
+from gpuslice.core.advice import Series, SeriesFacts
 from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import BackendError, ConfigError
@@ -92,6 +93,7 @@ if TYPE_CHECKING:
         StandinError,
     )
     from gpuslice.testing.nodeapi import MemoryNodeApi
+    from gpuslice.testing.prometheus import SyntheticPrometheus
 
 # The simulated cluster `gpuslice demo` runs against (the testing kit), loaded when used.
 _KIT = {
@@ -101,6 +103,7 @@ _KIT = {
     "InsufficientResourceError": "gpuslice.testing.kubelet.records",
     "StandinError": "gpuslice.testing.kubelet.records",
     "MemoryNodeApi": "gpuslice.testing.nodeapi",
+    "SyntheticPrometheus": "gpuslice.testing.prometheus",
 }
 
 
@@ -118,6 +121,7 @@ __all__ = [
     "Node",
     "RunOptions",
     "StandinError",
+    "SyntheticPrometheus",
     "resolve_options",
     "write_configmap_volume",
 ]
@@ -698,3 +702,24 @@ async def run_labels(
     finally:
         if api is not None:
             await api.aclose()
+
+
+def prometheus_facts(
+    url: str, *, end: float, window_s: float, step_s: float, namespace: str = ""
+) -> dict[Series, SeriesFacts]:
+    """The agent's per-container series over the window, read from Prometheus' API
+    (`gpuslice advise`); PrometheusError (a GpusliceError) when it cannot be read."""
+    from gpuslice.adapters.prometheus import PrometheusApi, gather
+
+    return gather(PrometheusApi(url), end, window_s, step_s, namespace)
+
+
+def mig_profiles() -> dict[str, dict[str, int]]:
+    """GPU model name -> MIG profile -> memory (MiB), from the simulated models."""
+    from gpuslice.adapters.fake.models import MODELS
+
+    return {
+        m.name: {name: p.memory_mib for name, p in m.mig_profiles.items()}
+        for m in MODELS.values()
+        if m.mig_profiles
+    }

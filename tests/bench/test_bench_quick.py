@@ -42,6 +42,8 @@ FIGURES = {
     "upgrade_gap",
     "metrics_scrape_cached_auth",
     "metrics_scrape_uncached_auth",
+    "advise_1000_pods_7d",
+    "advise_peak_rss",
 }
 
 

@@ -1,9 +1,10 @@
 """What the chart ships for accounting and monitoring: the accounting mounts and the
 watchdog's settings reach the agent as it reads them; the Service, ServiceMonitor,
 PrometheusRule and dashboard have the shape Prometheus Operator and Grafana read (no
-Kubernetes schema has these CRDs); the alerts pass `promtool check rules` and each has a
-`promtool test rules` file that fires it and one case that does not; every metric and label
-the alerts and the dashboard query is one a running agent really exports."""
+Kubernetes schema has these CRDs); the alerts and right-sizing records pass `promtool check
+rules` and each alert has a `promtool test rules` file that fires it and one case that does not
+(the records' values are tested there too); every metric and label the rules and the dashboard
+query is one a running agent really exports, or one a record makes."""
 
 from __future__ import annotations
 
@@ -35,12 +36,31 @@ MONITORING_KINDS = {"Service", "ServiceMonitor", "PrometheusRule"}
 # Labels a series gets from the scrape rather than the agent: the ServiceMonitor's relabeling
 # writes the node's name into hostname, which the agent's own series lack.
 TARGET_LABELS = {"hostname"}
-METRIC = re.compile(r"\bgpuslice_[a-z0-9_]+")
+METRIC = re.compile(r"(?<![\w:])gpuslice_[a-z0-9_]+(?![\w:])")
+RECORDED = re.compile(r"\b[a-z_]+:gpuslice_[a-z0-9_]+:[a-z0-9_]+")
+MADE = re.compile(r'label_replace\([^"]*"(\w+)"')  # a label a rule's expression adds
+
+
+def rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
 
 
 def alert_rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(ALERTS.read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"]]
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def recorded_labels() -> dict[str, set[str]]:
+    """Each recorded series' labels: its expression's `by`, else those of the records it
+    divides or multiplies."""
+    out: dict[str, set[str]] = {}
+    for rule in (r for r in rules() if "record" in r):
+        by = re.match(r"\s*\w+\s+by\s*\(([^)]*)\)", rule["expr"])
+        if by:
+            out[rule["record"]] = {label.strip() for label in by.group(1).split(",")}
+        else:
+            out[rule["record"]] = set().union(*(out[n] for n in RECORDED.findall(rule["expr"])))
+    return out
 
 
 def host_paths(objects: tuple[dict[str, Any], ...]) -> dict[str, tuple[str, bool]]:
@@ -214,7 +234,7 @@ def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_alerts_file(promtool: str) -> None:
     done = run(promtool, "check", "rules", ALERTS)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in done.stdout
+    assert f"SUCCESS: {len(rules())} rules found" in done.stdout
 
 
 def test_every_alert_has_a_promtool_test_that_fires_it_and_a_case_that_does_not() -> None:
@@ -226,7 +246,7 @@ def test_every_alert_has_a_promtool_test_that_fires_it_and_a_case_that_does_not(
                 found = fired if case["exp_alerts"] else quiet
                 found.setdefault(case["alertname"], set()).add(path.name)
     names = {rule["alert"] for rule in alert_rules()}
-    assert len(names) == 5
+    assert len(names) == 6
     assert set(fired) == names
     assert set(quiet) == names
     # one file per alert
@@ -249,7 +269,7 @@ def test_a_promtool_test_fails_when_its_alert_never_or_always_fires(
     rules = yaml.safe_load(ALERTS.read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
-            if rule["alert"] in names:
+            if rule.get("alert") in names:
                 rule["expr"] = expr
     (tmp_path / "alerts.yaml").write_text(yaml.safe_dump(rules))
     test["rule_files"] = ["alerts.yaml"]
@@ -264,7 +284,7 @@ def test_a_promtool_test_fails_when_its_alert_never_or_always_fires(
 def queries() -> dict[str, list[str]]:
     """Each PromQL expression of the alerts and the dashboard (its panels and variables),
     with the labels its legend shows."""
-    out: dict[str, list[str]] = {rule["expr"]: [] for rule in alert_rules()}
+    out: dict[str, list[str]] = {rule["expr"]: [] for rule in rules()}
     dashboard = json.loads(DASHBOARD.read_text())
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
@@ -280,7 +300,11 @@ def test_the_dashboard_queries_every_panel_it_shows() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     assert len(panels) >= 10
-    assert all(p["targets"] and all(METRIC.search(t["expr"]) for t in p["targets"]) for p in panels)
+    assert all(
+        p["targets"] and all(METRIC.search(t["expr"]) or RECORDED.search(t["expr"])
+                             for t in p["targets"])
+        for p in panels
+    )  # fmt: skip
     text = DASHBOARD.read_text()
     for metric in ("allocated_ratio", "memory_budget_bytes", "gpu_healthy", "duration_seconds"):
         assert metric in text
@@ -335,12 +359,16 @@ async def test_every_metric_and_label_queried_is_one_the_agent_exports() -> None
     series = await exported()
     assert "gpuslice_container_gpu_memory_used_bytes" in series  # the scrape saw the pods
     problems = []
+    records = recorded_labels()
     for expr, legend in queries().items():
         metrics = set(METRIC.findall(expr))
-        assert metrics, expr
+        recorded = set(RECORDED.findall(expr))
+        assert metrics or recorded, expr
         missing = metrics - set(series)
         problems += [f"{expr}: {m} is not exported" for m in sorted(missing)]
+        problems += [f"{expr}: {r} is not recorded" for r in sorted(recorded - set(records))]
         known = TARGET_LABELS.union(*(series.get(m, set()) for m in metrics))
+        known |= set().union(*(records.get(r, set()) for r in recorded)) | set(MADE.findall(expr))
         matchers = re.findall(r"\{([^}]*)\}", re.sub(r"\{\{[^}]*\}\}", "", expr))
         used = {m for group in matchers for m in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", group)}
         used |= {
@@ -358,6 +386,9 @@ async def test_every_metric_and_label_queried_is_one_the_agent_exports() -> None
 def test_the_query_check_catches_a_misspelt_metric_and_label() -> None:
     expr = 'sum by (namespce) (gpuslice_container_gpu_memory_usage_bytes{pod=~"$pod"})'
     assert METRIC.findall(expr) == ["gpuslice_container_gpu_memory_usage_bytes"]
+    recorded = "namespace_workload:gpuslice_gpu_replicas:recommended"
+    assert METRIC.findall(recorded) == []
+    assert RECORDED.findall(recorded) == [recorded]
     assert re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr) == ["namespce"]
 
 

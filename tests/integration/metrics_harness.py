@@ -136,13 +136,13 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """A real Prometheus server scraping one target every SCRAPE_S, storing in `work`;
-    with `token_file`, sending its content as a bearer token."""
+    """A real Prometheus server scraping one target (and `others`) every SCRAPE_S, storing
+    in `work`; with `token_file`, sending its content as a bearer token."""
 
     SCRAPE_S = 0.5  # its first scrape still waits for discovery's first update (5 s)
 
     def __init__(
-        self, binary: str, target: str, work: Path, token_file: Path | None = None
+        self, binary: str, target: str, work: Path, *others: str, token_file: Path | None = None
     ) -> None:
         self.binary = binary
         self.port = free_port()
@@ -159,7 +159,7 @@ class Prometheus:
             "    honor_labels: true\n"
             + (f"    authorization:\n      credentials_file: {token_file}\n" if token_file else "")
             + "    static_configs:\n"
-            f"      - targets: ['{target}']\n",
+            f"      - targets: {[target, *others]!r}\n",
             encoding="utf-8",
         )
         self.config = config
