@@ -77,6 +77,7 @@ from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.node_metrics import node_state
+from gpuslice.services.isolation import Isolation
 from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
 
@@ -362,7 +363,9 @@ def build_node(
     api: NodeApi | None,
     metrics: Metrics = NO_METRICS,
     with_parts: Parts | None = None,
-    accounting: Callable[[NodeDevices], tuple[Sampler, Watchdog | None]] | None = None,
+    accounting: (
+        Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]] | None
+    ) = None,
 ) -> Node:
     """`gpuslice run`'s node: the agent, the config manager (over the config file or the
     per-node configs), the labeller when configured. Raises ConfigError (the config file
@@ -407,7 +410,33 @@ def build_node(
             await api.record_event(opts.node_name, MPS_WAITING_REASON, message, warning=True)
 
         mps.notify = mps_waiting
-    return Node(NodeDeps(node_agent, manager, labels, accounting))
+    return Node(NodeDeps(node_agent, manager, labels, accounting, isolation(opts)))
+
+
+CHECKPOINT = "kubelet_internal_checkpoint"
+
+
+def isolation(opts: RunOptions) -> Callable[[NodeDevices], Isolation] | None:
+    """Per-pod GPU memory limits (--memory-isolation): the host's pod cgroups under
+    --cgroup-root, the kubelet's device checkpoint for who holds which share."""
+    if not opts.memory_isolation:
+        return None
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+    from gpuslice.adapters.podresources import read_checkpoint
+
+    tree = PodCgroupTree(opts.cgroup_root)
+    path = os.path.join(opts.plugin_dir, CHECKPOINT)
+
+    def build(devices: NodeDevices) -> Isolation:
+        return Isolation(
+            devices,
+            tree,
+            lambda: read_checkpoint(path),
+            _watch,
+            also_watch=((opts.plugin_dir, frozenset({CHECKPOINT})),),
+        )
+
+    return build
 
 
 def label_settings_of(opts: RunOptions, loaded: LoadedConfig) -> LabelSettings:
@@ -546,6 +575,10 @@ def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
     plugin = device_plugin_of(node)
     collect = lambda: node_state(node, plugin.resource_states)  # noqa: E731
     metrics.add(NodeStateCollector(collect, hostname=metrics.hostname))
+    if node.isolation is not None:
+        from gpuslice.adapters.metrics import IsolationCollector
+
+        metrics.add(IsolationCollector(node.isolation.view, hostname=metrics.hostname))
     sampler, watchdog = node.sampler, node.watchdog
     if sampler is not None:
         from gpuslice.adapters.metrics import AccountingCollector, BudgetCollector
@@ -574,7 +607,7 @@ def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
 
 def accounting(
     opts: RunOptions, api: NodeApi | None, metrics: Metrics, pods: PodResources
-) -> Callable[[NodeDevices], tuple[Sampler, Watchdog | None]]:
+) -> Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]]:
     """The sampler beside the agent and the memory-budget watchdog it feeds. On simulated
     hardware the backend knows its processes' pods; on a node, their cgroups under
     --proc-root do."""
@@ -587,7 +620,7 @@ def accounting(
         owners, kill = cgroups, cgroups.kill
     events = cast(PodEvents, api) if hasattr(api, "record_pod_event") else None
 
-    def build(devices: NodeDevices) -> tuple[Sampler, Watchdog | None]:
+    def build(devices: NodeDevices, limits: Isolation | None) -> tuple[Sampler, Watchdog | None]:
         watchdog = Watchdog(
             opts.memory_budget_policy,
             opts.memory_budgets,
@@ -596,6 +629,7 @@ def accounting(
             kill=kill,
             events=events,
             metrics=metrics,
+            enforced=limits.enforced if limits is not None else frozenset,
         )
         sampler = Sampler(
             devices.on_backend,
@@ -606,6 +640,7 @@ def accounting(
             sampled=metrics.sampled,
             failed=metrics.sample_failed,
             after=watchdog.check,
+            cgroup_used=limits.usage if limits is not None else None,
         )
         return sampler, watchdog
 
