@@ -71,13 +71,13 @@ from gpuslice.services.config_source import (
     EntrySource,
     FileEntries,
 )
+from gpuslice.services.isolation import Isolation
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.node_metrics import node_state
-from gpuslice.services.isolation import Isolation
 from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
 

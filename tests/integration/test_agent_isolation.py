@@ -101,7 +101,8 @@ async def test_a_pod_is_stopped_at_its_limit_while_its_neighbour_keeps_allocatin
     node.line({"allocate": {"pid": 11, "memory_mib": 1000}})  # 4000 MiB > 3840: refused
     node.line({"allocate": {"pid": 12, "memory_mib": 800}})  # 3800 MiB: fits
     refused = node.backend.refused
-    assert len(refused) == 1 and "process 11" in refused[0]
+    assert len(refused) == 1
+    assert "process 11" in refused[0]
     assert node.backend.memory_limit(gpu, node.host_path(a.pod_uid)).used == 3000 * MIB
     assert node.backend.memory_limit(gpu, node.host_path(b.pod_uid)).used == 3800 * MIB
 
@@ -119,9 +120,9 @@ async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
     # A new service over the same driver state: it finds what its predecessor set.
     fresh = Isolation(
         node.running.devices,
-        node.isolation._cgroups,  # noqa: SLF001 - the same host
-        node.isolation._checkpoint,  # noqa: SLF001
-        node.isolation._watch,  # noqa: SLF001
+        node.isolation._cgroups,
+        node.isolation._checkpoint,
+        node.isolation._watch,
     )
     await fresh.converge()
     assert fresh.applied[a.pod_uid].limits == limits
@@ -137,7 +138,7 @@ async def test_a_resource_turned_off_gets_no_limit_and_the_readiness_says_why_no
     config = tmp_path / "off.yaml"
     config.write_text(
         (EXAMPLES / "time-slicing.yaml").read_text()
-        + "memoryIsolation:\n  resources:\n    nvidia.com/gpu:\n      hardLimit: \"off\"\n"
+        + 'memoryIsolation:\n  resources:\n    nvidia.com/gpu:\n      hardLimit: "off"\n'
     )
     node = await start(launcher, kubelet, tmp_path / "cgroup", CGROUPFS, config=str(config))
     (tmp_path / "cgroup" / "dmem.capacity").unlink()
@@ -146,10 +147,11 @@ async def test_a_resource_turned_off_gets_no_limit_and_the_readiness_says_why_no
     node.tree.create_pod(a.pod_uid)
     passes = node.isolation.passes
     await node.until(lambda: node.isolation.passes > passes + 1)
-    assert not node.isolation.applied.get(a.pod_uid, None) or not node.isolation.applied[
-        a.pod_uid
-    ].limits
-    ready, details = node.running.node.readiness()
+    assert (
+        not node.isolation.applied.get(a.pod_uid, None)
+        or not node.isolation.applied[a.pod_uid].limits
+    )
+    _ready, details = node.running.node.readiness()
     detail = details["memoryIsolation"]
     assert detail["mode"] == "driver"
     assert "no dmem cgroup controller" in detail["missing"]
@@ -162,11 +164,14 @@ async def test_a_hard_limit_over_the_gpu_is_refused_like_any_config_in_one_line(
     base = (EXAMPLES / "time-slicing.yaml").read_text()
     config.write_text(base)
     node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD, config=str(config))
-    config.write_text(base + "memoryIsolation:\n  resources:\n    nvidia.com/gpu:\n      hardLimit: 8Gi\n")
+    config.write_text(
+        base + "memoryIsolation:\n  resources:\n    nvidia.com/gpu:\n      hardLimit: 8Gi\n"
+    )
     assert not await node.running.reload()
     rejected = node.running.rejected or ""
     assert "4 replicas x 8192 MiB is more than GPU 0's 15360 MiB" in rejected
-    assert "allowOvercommit" in rejected and "\n" not in rejected
+    assert "allowOvercommit" in rejected
+    assert "\n" not in rejected
     config.write_text(
         base + "memoryIsolation:\n  allowOvercommit: true\n"
         "  resources:\n    nvidia.com/gpu:\n      hardLimit: 8Gi\n      softLimit: 1Gi\n"

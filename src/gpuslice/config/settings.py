@@ -18,8 +18,8 @@ from gpuslice.config.loader import LoadedConfig, load_config_file
 from gpuslice.config.options import RunOptions
 from gpuslice.config.summary import describe
 from gpuslice.config.v1 import Config, MemoryIsolation
-from gpuslice.core.isolation import LimitRule, MemoryPolicy
 from gpuslice.core.errors import ConfigError
+from gpuslice.core.isolation import LimitRule, MemoryPolicy
 from gpuslice.core.settings import LabelSettings, Settings
 
 __all__ = ["Settings", "check_not_truncated", "load_config", "load_settings", "settings_from"]

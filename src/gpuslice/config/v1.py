@@ -23,9 +23,9 @@ from gpuslice.config.checks import (
     resource_name,
 )
 from gpuslice.config.resource_names import check_servable
-from gpuslice.core.watchdog import parse_size
 from gpuslice.core.response import LIST_STRATEGIES
 from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
+from gpuslice.core.watchdog import parse_size
 
 VERSION = "v1"
 

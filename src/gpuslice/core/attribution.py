@@ -226,9 +226,7 @@ def attribute(
     )
 
 
-def with_cgroup_usage(
-    result: Attribution, used: Mapping[tuple[str, str], int]
-) -> Attribution:
+def with_cgroup_usage(result: Attribution, used: Mapping[tuple[str, str], int]) -> Attribution:
     """Per-pod memory from the driver's limits: `used` maps (pod UID, GPU UUID) to the
     currentUsed of the pod's limit there. It replaces the process sum of the pod's one
     container on that GPU (with several, the pod's total cannot be split: left as is)."""

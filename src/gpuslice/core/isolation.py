@@ -156,13 +156,11 @@ class MemoryPolicy:
     allow_overcommit: bool = False
 
 
-def device_limit(
-    device: AdvertisedDevice, resource: str, policy: MemoryPolicy
-) -> Limit | None:
+def device_limit(device: AdvertisedDevice, resource: str, policy: MemoryPolicy) -> Limit | None:
     """The limit one device of `resource` carries; None: unlimited (a whole GPU, MIG,
     or turned off)."""
     rule = policy.rules.get(resource, LimitRule())
-    if rule.off or device.is_mig or device.replicas < 2 and rule.hard is None:
+    if rule.off or device.is_mig or (device.replicas < 2 and rule.hard is None):
         return None
     hard = device.memory_mib * MIB // device.replicas if rule.hard is None else rule.hard
     return Limit(hard, min(rule.soft, hard))

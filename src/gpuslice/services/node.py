@@ -163,9 +163,7 @@ class Node:
         return not stop.is_set()
 
 
-def _labeller(
-    devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None
-) -> Labeller:
+def _labeller(devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None) -> Labeller:
     async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
         return devices.snapshot, devices.settings.resources
 

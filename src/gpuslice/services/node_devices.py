@@ -21,8 +21,8 @@ from typing import TypeVar
 import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.isolation import check_policy
 from gpuslice.core.errors import BackendError
+from gpuslice.core.isolation import check_policy
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.mps import plan_daemons
 from gpuslice.core.ports import (

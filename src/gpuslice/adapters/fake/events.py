@@ -5,8 +5,8 @@ Each complete line is one event about one GPU (by index or UUID):
 {"gpu": 0, "recovered": true}, and MIG-scoped {"gpu": 0, "mig": 1, "xid": 31}
 (the parent's MIG device at that index). Lines with "process" or "process_exit"
 change the simulated processes, and {"allocate": {"pid": 4242, "memory_mib": 512}} makes
-one allocate more (refused past its pod's hard limit; fake.processes). A line without its newline yet
-is left for a later read.
+one allocate more (refused past its pod's hard limit; fake.processes). A line without its
+newline yet is left for a later read.
 """
 
 from __future__ import annotations
