@@ -25,6 +25,7 @@ from bench import (
     configmap,
     dra,
     events,
+    isolation,
     listing,
     memory,
     reconfig,
@@ -49,6 +50,7 @@ GROUPS: dict[str, Group] = {
     "sampling": (sampling.FIGURES, sampling.run),
     "dra": (dra.FIGURES, dra.run),
     "upgrade": (upgrade.FIGURES, upgrade.run),
+    "isolation": (isolation.FIGURES, isolation.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 
