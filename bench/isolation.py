@@ -51,7 +51,7 @@ async def _pods(rig: Rig, tree: CgroupTree, count: int, start: int) -> list[str]
 async def _limited(rig: Rig, uids: list[str]) -> dict[str, float]:
     isolation = rig.node.isolation
     assert isolation is not None
-    while not all(u in isolation.in_force_at for u in uids):
+    while not all(u in isolation.in_force_at for u in uids):  # noqa: ASYNC110 - timed poll
         await asyncio.sleep(0.0002)
     return {u: isolation.in_force_at[u] for u in uids}
 

@@ -466,6 +466,15 @@ def values_schema() -> dict[str, Any]:
             },
             ["level", "format"],
         ),
+        "memoryIsolation": _obj(
+            {
+                "enabled": {
+                    **enabled,
+                    "description": "GPUSLICE_MEMORY_ISOLATION; mounts the host's "
+                    "/sys/fs/cgroup read-only (docs/memory-isolation.md)",
+                }
+            },
+        ),
         "accounting": _obj(
             {
                 "enabled": {

@@ -40,7 +40,9 @@ def test_a_slice_named_like_a_pod_outside_the_kubelets_hierarchy_is_no_pod(
 def test_facts_read_cgroup_v2_and_the_dmem_devices(tmp_path: Path) -> None:
     CgroupTree(tmp_path).make_root(["00000000:3B:00.0"])
     facts = PodCgroupTree(tmp_path).facts("")
-    assert facts.cgroup_v2 and facts.dmem_controller
+    assert facts.cgroup_v2
+    assert facts.dmem_controller
     assert facts.dmem_devices == frozenset({"0000:3b:00.0"})
     bare = PodCgroupTree(tmp_path / "missing").facts("old driver")
-    assert not bare.cgroup_v2 and bare.driver == "old driver"
+    assert not bare.cgroup_v2
+    assert bare.driver == "old driver"

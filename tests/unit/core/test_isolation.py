@@ -74,7 +74,8 @@ def test_what_is_missing_is_said_in_one_line(
     g = gpu(mig=mig)
     got = detect(snap(g), facts, frozenset({g.uuid}) if mps else frozenset())
     assert got[0].mode == mode
-    assert said in missing_line(got) and "\n" not in missing_line(got)
+    assert said in missing_line(got)
+    assert "\n" not in missing_line(got)
 
 
 def test_driver_problem_names_the_version_or_the_missing_call() -> None:
