@@ -405,6 +405,8 @@ UPSTREAM = {
     "accounting": ("GPUSLICE_ACCOUNTING", None),
     "proc-root": ("GPUSLICE_PROC_ROOT", None),
     "memory-budget-policy": ("GPUSLICE_MEMORY_BUDGET_POLICY", None),
+    "memory-isolation": ("GPUSLICE_MEMORY_ISOLATION", None),
+    "cgroup-root": ("GPUSLICE_CGROUP_ROOT", None),
     "memory-budget": ("GPUSLICE_MEMORY_BUDGET", None),
     "dra": ("GPUSLICE_DRA", None),
     "dra-driver-name": ("GPUSLICE_DRA_DRIVER_NAME", None),
