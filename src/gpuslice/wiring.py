@@ -71,7 +71,7 @@ from gpuslice.services.config_source import (
     EntrySource,
     FileEntries,
 )
-from gpuslice.services.isolation import Isolation
+from gpuslice.services.isolation import ClaimShares, Isolation
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
@@ -228,7 +228,9 @@ def device_plugin(
     )
 
 
-def dra_front_end(opts: RunOptions, devices: NodeDevices) -> DraFrontEnd:
+def dra_front_end(
+    opts: RunOptions, devices: NodeDevices, shares: ClaimShares | None = None
+) -> DraFrontEnd:
     """The DRA front-end (--dra): its sockets in the kubelet's plugin directories, its
     checkpoint beside its socket, a CDI spec per claim and the NVIDIA Container Toolkit's
     devices from the CDI directory, ResourceSlices and ResourceClaims through the API.
@@ -258,6 +260,7 @@ def dra_front_end(opts: RunOptions, devices: NodeDevices) -> DraFrontEnd:
         checkpoint=ClaimCheckpointFile(plugin_dir),
         specs=ClaimSpecDir(opts.cdi_spec_dir),
         control_devices=control_devices(opts),
+        shares=shares,
     )
     return DraFrontEnd(
         devices,
@@ -279,7 +282,8 @@ def agent(
     devices = node_devices(opts, metrics, chosen)
     front_ends: list[FrontEnd] = [device_plugin(opts, devices, metrics, chosen)]
     if opts.dra is not None:
-        front_ends.append(dra_front_end(opts, devices))
+        shares = ClaimShares() if opts.memory_isolation else None
+        front_ends.append(dra_front_end(opts, devices, shares))
     return Agent(devices, front_ends, metrics=metrics)
 
 
@@ -410,15 +414,21 @@ def build_node(
             await api.record_event(opts.node_name, MPS_WAITING_REASON, message, warning=True)
 
         mps.notify = mps_waiting
-    return Node(NodeDeps(node_agent, manager, labels, accounting, isolation(opts)))
+    claims = next(
+        (f.driver.shares for f in node_agent.front_ends if isinstance(f, DraFrontEnd)), None
+    )
+    return Node(NodeDeps(node_agent, manager, labels, accounting, isolation(opts, claims)))
 
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 
 
-def isolation(opts: RunOptions) -> Callable[[NodeDevices], Isolation] | None:
+def isolation(
+    opts: RunOptions, claims: ClaimShares | None = None
+) -> Callable[[NodeDevices], Isolation] | None:
     """Per-pod GPU memory limits (--memory-isolation): the host's pod cgroups under
-    --cgroup-root, the kubelet's device checkpoint for who holds which share."""
+    --cgroup-root, the kubelet's device checkpoint and the DRA front-end's prepared
+    claims (`claims`) for who holds which share."""
     if not opts.memory_isolation:
         return None
     from gpuslice.adapters.cgroup_tree import PodCgroupTree
@@ -434,6 +444,7 @@ def isolation(opts: RunOptions) -> Callable[[NodeDevices], Isolation] | None:
             lambda: read_checkpoint(path),
             _watch,
             also_watch=((opts.plugin_dir, frozenset({CHECKPOINT})),),
+            claims=claims,
         )
 
     return build

@@ -70,6 +70,33 @@ class Applied:
     limits: Mapping[str, Limit]  # GPU UUID -> the limit in force there
 
 
+class ClaimShares:
+    """Which pods hold which memory through DRA claims: the DRA front-end tells it on
+    prepare and unprepare (it learns the pods from the claim's reservedFor)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, tuple[tuple[str, ...], dict[str, Limit]]] = {}
+        self.changed: Callable[[], None] | None = None
+
+    def put(self, claim_uid: str, pods: tuple[str, ...], limits: Mapping[str, Limit]) -> None:
+        self._claims[claim_uid] = (pods, dict(limits))
+        if self.changed is not None:
+            self.changed()
+
+    def drop(self, claim_uid: str) -> None:
+        if self._claims.pop(claim_uid, None) is not None and self.changed is not None:
+            self.changed()
+
+    def by_pod(self) -> dict[str, dict[str, Limit]]:
+        out: dict[str, dict[str, Limit]] = {}
+        for pods, limits in self._claims.values():
+            for uid in pods:
+                mine = out.setdefault(uid, {})
+                for gpu, limit in limits.items():
+                    mine[gpu] = mine[gpu] + limit if gpu in mine else limit
+        return out
+
+
 class Isolation:
     def __init__(
         self,
@@ -81,6 +108,7 @@ class Isolation:
         also_watch: tuple[tuple[str, frozenset[str]], ...] = (),  # (directory, names)
         resync_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        claims: ClaimShares | None = None,  # what DRA prepared, told by its front-end
     ) -> None:
         self._node = node
         self._cgroups = cgroups
@@ -95,6 +123,8 @@ class Isolation:
         self.error: str | None = None
         self.passes = 0
         self.notify: Callable[[], None] | None = None  # told when the node's mode changes
+        self.claims = claims if claims is not None else ClaimShares()
+        self.claims.changed = self.nudge
         self._wake = asyncio.Event()
 
     # --- what others read --------------------------------------------------------------
@@ -203,7 +233,7 @@ class Isolation:
         )
         self.gpus = detect_modes(snapshot, self._cgroups.facts(problem), mps)
         pods = self._cgroups.pods()
-        wanted: dict[str, dict[str, Limit]] = {}
+        wanted: dict[str, dict[str, Limit]] = {}  # pods the kubelet's records explain
         if settings.memory.enabled and limits is not None:
             enforcing = {g.uuid for g in self.gpus if g.mode in ENFORCING}
             by_pod: dict[str, list[CheckpointEntry]] = defaultdict(list)
@@ -213,6 +243,11 @@ class Isolation:
             for uid, entries in by_pod.items():
                 want = pod_limits(resources, entries, settings.memory)
                 wanted[uid] = {g: lim for g, lim in want.items() if g in enforcing}
+            for uid, want in self.claims.by_pod().items():
+                mine = wanted.setdefault(uid, {})
+                for g, lim in want.items():
+                    if g in enforcing:
+                        mine[g] = mine[g] + lim if g in mine else lim
         errors = []
         for uid in sorted(self.applied.keys() - pods.keys()):
             log.info("memory_limits_released", pod_uid=uid)  # gone with its cgroup
@@ -224,7 +259,9 @@ class Isolation:
             have = dict(held.limits) if held is not None and held.cgroup == cgroup else {}
             if first and limits is not None:  # after a restart: what a predecessor set
                 have = _in_force(limits, cgroup, [g.uuid for g in self.gpus if g.mode in ENFORCING])
-            want = wanted.get(uid, {})
+            # A pod neither record explains (a claim prepared before this agent started)
+            # keeps what it has: its cgroup's removal clears it.
+            want = wanted.get(uid, have)
             if limits is not None:
                 errors += _converge_pod(limits, uid, cgroup, have, want)
             if have or uid in self.applied:
