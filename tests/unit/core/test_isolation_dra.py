@@ -36,7 +36,7 @@ def claim(result: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
                             "pool": "n",
                             "device": "gpu-0",
                             **(result or {}),
-                        }  # fmt: skip
+                        }
                     ],
                     "config": extra.pop("config", []),
                 }
