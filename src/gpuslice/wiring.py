@@ -40,6 +40,7 @@ from gpuslice.config.v1 import Config
 from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import ConfigError
+from gpuslice.core.isolation import HostFacts
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
     ClaimDir,
@@ -71,7 +72,7 @@ from gpuslice.services.config_source import (
     EntrySource,
     FileEntries,
 )
-from gpuslice.services.isolation import ClaimShares, Isolation
+from gpuslice.services.isolation import NO_LIMITS, ClaimShares, Isolation
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
@@ -421,6 +422,16 @@ def build_node(
 
 
 CHECKPOINT = "kubelet_internal_checkpoint"
+
+
+def isolation_facts(opts: RunOptions, backend: GpuBackend) -> HostFacts:
+    """What decides each GPU's memory isolation: the driver's answer and the host's
+    cgroup tree under --cgroup-root (`gpuslice inspect`)."""
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+
+    limits = getattr(backend, "limit_problem", None)
+    problem = limits() if callable(limits) else NO_LIMITS
+    return PodCgroupTree(opts.cgroup_root).facts(str(problem))
 
 
 def isolation(

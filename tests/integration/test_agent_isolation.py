@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from agent_harness import EXAMPLES, AgentLauncher, RunningAgent
+from process_harness import run_once
 
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.core.isolation import DMEM, LABEL, Limit
@@ -183,3 +184,18 @@ async def test_a_hard_limit_over_the_gpu_is_refused_like_any_config_in_one_line(
     assert dict(node.isolation.applied[a.pod_uid].limits) == {
         a.device_ids[0].split("::")[0]: Limit(8 << 30, 1 << 30)
     }
+
+
+def test_inspect_shows_each_gpus_memory_isolation_and_what_is_missing(tmp_path: Path) -> None:
+    tree = CgroupTree(tmp_path / "cgroup")
+    tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
+    args = ("inspect", "--fake-hardware", "t4", "--cgroup-root", str(tree.root))
+    result = run_once(*args, "--output", "json")
+    assert result.returncode == 0, result.stderr
+    (gpu,) = json.loads(result.stdout)["gpus"]
+    assert gpu["memoryIsolation"] == {"mode": DMEM, "missing": "", "enabled": False}
+    (tree.root / "cgroup.controllers").unlink()
+    table = run_once(*args)
+    assert table.returncode == 0, table.stderr
+    assert "MEMORY ISOLATION" in table.stdout
+    assert "memory isolation: cgroup v2 is not mounted (cgroup v1 or none)" in table.stdout
