@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from gpuslice.adapters.metrics import PrometheusMetrics
     from gpuslice.adapters.podresources import PodResourcesClient
     from gpuslice.adapters.status_http import StatusServer
+    from gpuslice.testing.cgroups import CgroupTree
     from gpuslice.testing.configmap import write_configmap_volume
     from gpuslice.testing.kubelet import KubeletStandin
     from gpuslice.testing.kubelet.records import (
@@ -97,6 +98,7 @@ if TYPE_CHECKING:
 
 # The simulated cluster `gpuslice demo` runs against (the testing kit), loaded when used.
 _KIT = {
+    "CgroupTree": "gpuslice.testing.cgroups",
     "write_configmap_volume": "gpuslice.testing.configmap",
     "KubeletStandin": "gpuslice.testing.kubelet",
     "AdmittedContainer": "gpuslice.testing.kubelet.records",
@@ -114,6 +116,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AdmittedContainer",
+    "CgroupTree",
     "InsufficientResourceError",
     "KubeletStandin",
     "MemoryNodeApi",
