@@ -79,7 +79,7 @@ def memory_policy(config: Config, enabled: bool) -> MemoryPolicy:
         name: LimitRule(hard=rule.hard_bytes, soft=rule.soft_bytes, off=rule.off)
         for name, rule in block.resources.items()
     }
-    return MemoryPolicy(enabled=enabled, rules=rules, allow_overcommit=block.allow_overcommit)
+    return MemoryPolicy.of(enabled, rules, overcommit=block.allow_overcommit)
 
 
 def label_settings(config: Config) -> LabelSettings:

@@ -11,7 +11,7 @@ a GPU is the sum over the replicas it holds there.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import ConfigError
@@ -152,14 +152,27 @@ class LimitRule:
 @dataclass(frozen=True, slots=True)
 class MemoryPolicy:
     enabled: bool = False  # --memory-isolation: the node enforces where it can
-    rules: Mapping[str, LimitRule] = field(default_factory=dict)
+    rules: tuple[tuple[str, LimitRule], ...] = ()  # (resource, override), hashable
     allow_overcommit: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        enabled: bool,
+        rules: Mapping[str, LimitRule] | None = None,
+        *,
+        overcommit: bool = False,
+    ) -> MemoryPolicy:
+        return cls(enabled, tuple(sorted((rules or {}).items())), overcommit)
+
+    def rule(self, resource: str) -> LimitRule | None:
+        return next((r for name, r in self.rules if name == resource), None)
 
 
 def device_limit(device: AdvertisedDevice, resource: str, policy: MemoryPolicy) -> Limit | None:
     """The limit one device of `resource` carries; None: unlimited (a whole GPU, MIG,
     or turned off)."""
-    rule = policy.rules.get(resource, LimitRule())
+    rule = policy.rule(resource) or LimitRule()
     if rule.off or device.is_mig or (device.replicas < 2 and rule.hard is None):
         return None
     hard = device.memory_mib * MIB // device.replicas if rule.hard is None else rule.hard
@@ -171,7 +184,7 @@ def check_policy(resources: Sequence[Resource], policy: MemoryPolicy) -> None:
     MIG resource, more than a GPU has, a soft limit over the hard one, or hard limits
     adding up to more than a GPU unless allowOvercommit says so."""
     by_name = {r.name: r for r in resources}
-    for name, rule in policy.rules.items():
+    for name, rule in policy.rules:
         where = f"memoryIsolation.resources[{name!r}]"
         res = by_name.get(name)
         if rule.off or res is None:

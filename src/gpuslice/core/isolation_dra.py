@@ -80,7 +80,7 @@ def claim_limits(
     out: dict[str, Limit] = {}
     for alloc, device in zip(claim.devices, devices, strict=True):
         gpu = snapshot.gpu_by_uuid(device.gpu_uuid)
-        rule = policy.rules.get(device.resource)
+        rule = policy.rule(device.resource)
         if gpu is None or device.kind == MIG or (rule is not None and rule.off):
             continue
         hard = memory.get(alloc.request, memory.get(alloc.request.split("/", 1)[0]))

@@ -101,16 +101,16 @@ def entry(uid: str, *ids: str) -> CheckpointEntry:
 
 def test_a_pod_gets_its_replicas_share_of_each_gpu_summed() -> None:
     got = pod_limits(
-        resources(), [entry("p", "GPU-0::0", "GPU-0::1", "GPU-1::0")], MemoryPolicy(True)
+        resources(), [entry("p", "GPU-0::0", "GPU-0::1", "GPU-1::0")], MemoryPolicy.of(True)
     )
     assert got == {"GPU-0": Limit(2 * 4096 * MIB), "GPU-1": Limit(4096 * MIB)}
 
 
 def test_an_override_and_off() -> None:
     rule = {"nvidia.com/gpu": LimitRule(hard=1 << 30, soft=1 << 29)}
-    got = pod_limits(resources(), [entry("p", "GPU-0::0")], MemoryPolicy(True, rule))
+    got = pod_limits(resources(), [entry("p", "GPU-0::0")], MemoryPolicy.of(True, rule))
     assert got == {"GPU-0": Limit(1 << 30, 1 << 29)}
-    off = MemoryPolicy(True, {"nvidia.com/gpu": LimitRule(off=True)})
+    off = MemoryPolicy.of(True, {"nvidia.com/gpu": LimitRule(off=True)})
     assert pod_limits(resources(), [entry("p", "GPU-0::0")], off) == {}
 
 
@@ -124,6 +124,6 @@ def test_an_override_and_off() -> None:
 )
 def test_bad_limits_are_refused_in_one_line(rule: LimitRule, said: str) -> None:
     with pytest.raises(ConfigError, match=said) as caught:
-        check_policy(resources(), MemoryPolicy(True, {"nvidia.com/gpu": rule}))
+        check_policy(resources(), MemoryPolicy.of(True, {"nvidia.com/gpu": rule}))
     assert "\n" not in str(caught.value)
-    check_policy(resources(), MemoryPolicy(True, {"nvidia.com/gpu": LimitRule(hard=4 << 30)}))
+    check_policy(resources(), MemoryPolicy.of(True, {"nvidia.com/gpu": LimitRule(hard=4 << 30)}))

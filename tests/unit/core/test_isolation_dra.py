@@ -49,7 +49,7 @@ def claim(result: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
 
 def limits(obj: dict[str, Any], dev: DraDevice, policy: MemoryPolicy | None = None) -> Any:
     parsed = parse_claim(obj, REF, DRIVER)
-    return claim_limits(obj, parsed, [dev], SNAP, policy or MemoryPolicy(True), DRIVER)
+    return claim_limits(obj, parsed, [dev], SNAP, policy or MemoryPolicy.of(True), DRIVER)
 
 
 def test_consumed_memory_comes_first_then_the_request() -> None:
@@ -77,6 +77,6 @@ def test_a_replica_gets_its_share_and_shares_multiply_it() -> None:
     assert limits(claim(), device()) == {"GPU-0": Limit(40960 * MIB // 4)}
     two = claim({"consumedCapacity": {"shares": "2"}})
     assert limits(two, device()) == {"GPU-0": Limit(2 * 40960 * MIB // 4)}
-    off = MemoryPolicy(True, {"nvidia.com/gpu": LimitRule(off=True)})
+    off = MemoryPolicy.of(True, {"nvidia.com/gpu": LimitRule(off=True)})
     assert limits(claim(), device(), off) == {}
     assert limits(claim(), device(replicas=1)) == {}  # a whole GPU
