@@ -200,7 +200,10 @@ class Imex(_Struct, frozen=True):
             raise FieldError("channelIDs", list(self.channel_ids or ()), EXPECTED["channelIDs"])
 
 
-SIZE_EXPECTED = 'a size of 0 or more bytes such as "8Gi", "512Mi", "10G" or 1073741824'
+SIZE_EXPECTED = (
+    'a size in bytes, not negative, such as "8Gi", "512Mi", "10G" or 1073741824 (units: '
+    "Ki Mi Gi Ti Pi, K M G T P)"
+)
 OFF = "off"
 
 
@@ -226,10 +229,11 @@ class MemoryLimitRule(_Struct, frozen=True):
     hard_limit: str | int | None = None  # a size, or "off": no limit for this resource
     soft_limit: str | int | None = None
 
-    def __post_init__(self) -> None:
+    def check(self, at: str) -> None:
+        """FieldError naming `at` (the entry) for a size that is not one."""
         if self.hard_limit != OFF:
-            _size("hardLimit", self.hard_limit)
-        _size("softLimit", self.soft_limit)
+            _size(f"{at}.hardLimit", self.hard_limit)
+        _size(f"{at}.softLimit", self.soft_limit)
 
     @property
     def off(self) -> bool:
@@ -252,8 +256,9 @@ class MemoryIsolation(_Struct, frozen=True):
     resources: dict[str, MemoryLimitRule] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in self.resources:
-            resource_name("memoryIsolation.resources", name)
+        for name, rule in self.resources.items():
+            resource_name("resources", name)
+            rule.check(f"resources[{name}]")
 
 
 class Config(_Struct, frozen=True):
