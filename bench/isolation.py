@@ -105,6 +105,10 @@ async def run(plan: Plan) -> list[Figure]:
                     baseline += await _allocate_p99(base, 50)
                 allocate.append(percentile(subject, 99))
                 allocate_base.append(percentile(baseline, 99))
+                for i, uid in enumerate(uids):  # the pods end: cgroups and devices freed
+                    tree.remove_pod(uid)
+                    await rig.kubelet.release(f"p{trial * pods + i}")
+                    await base.kubelet.release(f"p{trial * pods + i}")
     return [
         Figure(
             "isolation_allocate_p99",

@@ -65,6 +65,24 @@ class Node(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Inputs:
+    """What one pass reads from the loop's side, taken before it goes to the worker."""
+
+    snapshot: HardwareSnapshot
+    settings: Settings
+    resources: tuple[Resource, ...]
+    claimed: dict[str, dict[str, Limit]]  # pod UID -> GPU -> its DRA claims' limits
+    applied: dict[str, Applied]
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    gpus: tuple[GpuIsolation, ...]
+    applied: dict[str, Applied]
+    errors: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     cgroup: str
     limits: Mapping[str, Limit]  # GPU UUID -> the limit in force there
@@ -208,72 +226,79 @@ class Isolation:
             self._wake.set()
 
     async def converge(self) -> None:
-        """One pass; a backend that is not open yet is tried again at the next."""
+        """One pass: read and set on the backend worker, then commit what is in force
+        here on the loop (what others read never changes under them). A backend that is
+        not open yet is tried again at the next pass."""
         node = self._node
-        snapshot, settings, resources = node.snapshot, node.settings, node.resources
+        inputs = Inputs(
+            node.snapshot, node.settings, node.resources, self.claims.by_pod(), dict(self.applied)
+        )
+        first = self.passes == 0
         before = self.labels()
         try:
-            await node.on_backend(lambda b: self._pass(b, snapshot, settings, resources))
+            done: Pass = await node.on_backend(lambda b: self._pass(b, inputs, first))
         except BackendError as exc:
             self._failed(str(exc))
+            return
+        now = self._clock()
+        self.gpus, self.applied = done.gpus, done.applied
+        for uid in self.in_force_at.keys() - done.applied.keys():
+            del self.in_force_at[uid]
+        for uid, applied in done.applied.items():
+            if applied.limits and uid not in self.in_force_at:
+                self.in_force_at[uid] = now
+        self.passes += 1
+        if done.errors:
+            self._failed(done.errors[0])
+        elif self.error is not None:
+            log.info("memory_limits_recovered")
+            self.error = None
         if self.labels() != before and self.notify is not None:
             self.notify()
 
-    def _pass(
-        self,
-        backend: GpuBackend,
-        snapshot: HardwareSnapshot,
-        settings: Settings,
-        resources: tuple[Resource, ...],
-    ) -> None:
+    def _pass(self, backend: GpuBackend, inputs: Inputs, first: bool) -> Pass:
+        """On the worker: the modes, the pods' cgroups, the kubelet's checkpoint; the
+        limits that differ set, those no longer wanted cleared."""
         limits = _limits_of(backend)
         problem = NO_LIMITS if limits is None else limits.limit_problem()
+        resources, policy = inputs.resources, inputs.settings.memory
         mps = frozenset(
             d.gpu_uuid for r in resources if r.sharing == MPS and r.replicated for d in r.devices
         )
-        self.gpus = detect_modes(snapshot, self._cgroups.facts(problem), mps)
+        gpus = detect_modes(inputs.snapshot, self._cgroups.facts(problem), mps)
+        enforcing = [g.uuid for g in gpus if g.mode in ENFORCING]
         pods = self._cgroups.pods()
         wanted: dict[str, dict[str, Limit]] = {}  # pods the kubelet's records explain
-        if settings.memory.enabled and limits is not None:
-            enforcing = {g.uuid for g in self.gpus if g.mode in ENFORCING}
+        if policy.enabled and limits is not None:
             by_pod: dict[str, list[CheckpointEntry]] = defaultdict(list)
             for entry in self._checkpoint():
                 if entry.pod_uid in pods:
                     by_pod[entry.pod_uid].append(entry)
             for uid, entries in by_pod.items():
-                want = pod_limits(resources, entries, settings.memory)
+                want = pod_limits(resources, entries, policy)
                 wanted[uid] = {g: lim for g, lim in want.items() if g in enforcing}
-            for uid, want in self.claims.by_pod().items():
+            for uid, want in inputs.claimed.items():
                 mine = wanted.setdefault(uid, {})
                 for g, lim in want.items():
                     if g in enforcing:
                         mine[g] = mine[g] + lim if g in mine else lim
-        errors = []
-        for uid in sorted(self.applied.keys() - pods.keys()):
+        for uid in sorted(inputs.applied.keys() - pods.keys()):
             log.info("memory_limits_released", pod_uid=uid)  # gone with its cgroup
-            del self.applied[uid]
-            self.in_force_at.pop(uid, None)
-        first = self.passes == 0
+        applied: dict[str, Applied] = {}
+        errors: list[str] = []
         for uid, cgroup in pods.items():
-            held = self.applied.get(uid)
+            held = inputs.applied.get(uid)
             have = dict(held.limits) if held is not None and held.cgroup == cgroup else {}
             if first and limits is not None:  # after a restart: what a predecessor set
-                have = _in_force(limits, cgroup, [g.uuid for g in self.gpus if g.mode in ENFORCING])
+                have = _in_force(limits, cgroup, enforcing)
             # A pod neither record explains (a claim prepared before this agent started)
             # keeps what it has: its cgroup's removal clears it.
             want = wanted.get(uid, have)
             if limits is not None:
                 errors += _converge_pod(limits, uid, cgroup, have, want)
-            if have or uid in self.applied:
-                self.applied[uid] = Applied(cgroup, have)
-            if have and uid not in self.in_force_at:
-                self.in_force_at[uid] = self._clock()
-        self.passes += 1
-        if errors:
-            self._failed(errors[0])
-        elif self.error is not None:
-            log.info("memory_limits_recovered")
-            self.error = None
+            if have or held is not None:
+                applied[uid] = Applied(cgroup, have)
+        return Pass(gpus, applied, errors)
 
     def _failed(self, error: str) -> None:
         if error != self.error:
