@@ -37,21 +37,26 @@ class PodCgroupTree:
     def __init__(self, root: str | Path = HOST_ROOT, host_root: str = HOST_ROOT) -> None:
         self.root = Path(root)
         self.host_root = host_root.rstrip("/") or "/"
+        self._known: dict[tuple[str, str], str | None] = {}  # (level, name) -> pod UID
 
     def watched(self) -> tuple[str, ...]:
         return tuple(str(self.root / level) for level in QOS_LEVELS)
 
     def pods(self) -> dict[str, str]:
         out: dict[str, str] = {}
+        known: dict[tuple[str, str], str | None] = {}  # this listing's names only
         for level in QOS_LEVELS:
             try:
                 names = os.listdir(self.root / level)
             except OSError:  # this driver's layout, or this QoS level, is absent
                 continue
-            for name in names:
-                uid = pod_uid_of(level.split("/"), name)
+            for name in names[: 4 * MAX_PODS]:
+                key = (level, name)
+                uid = self._known[key] if key in self._known else pod_uid_of(level.split("/"), name)
+                known[key] = uid
                 if uid is not None and len(out) < MAX_PODS:
                     out[uid] = f"{self.host_root}/{level}/{name}"
+        self._known = known
         return out
 
     def facts(self, driver: str) -> HostFacts:

@@ -142,6 +142,10 @@ class Isolation:
         self.passes = 0
         self.notify: Callable[[], None] | None = None  # told when the node's mode changes
         self.claims = claims if claims is not None else ClaimShares()
+        # Each pod's limits as last computed, by its checkpoint entries; valid while the
+        # served resources (by identity), the policy and the enforcing GPUs stay the same.
+        self._basis: object = None
+        self._computed: dict[str, tuple[tuple[CheckpointEntry, ...], dict[str, Limit]]] = {}
         self.claims.changed = self.nudge
         self._wake = asyncio.Event()
 
@@ -274,9 +278,19 @@ class Isolation:
             for entry in self._checkpoint():
                 if entry.pod_uid in pods:
                     by_pod[entry.pod_uid].append(entry)
+            basis = (tuple(map(id, resources)), policy, tuple(enforcing))
+            if basis != self._basis:  # what each pod's limits are computed from changed
+                self._basis, self._computed = basis, {}
+            computed = {}
             for uid, entries in by_pod.items():
-                want = pod_limits(resources, entries, policy)
-                wanted[uid] = {g: lim for g, lim in want.items() if g in enforcing}
+                key = tuple(entries)
+                done = self._computed.get(uid)
+                if done is None or done[0] != key:
+                    want = pod_limits(resources, entries, policy)
+                    done = (key, {g: lim for g, lim in want.items() if g in enforcing})
+                computed[uid] = done
+                wanted[uid] = dict(done[1])
+            self._computed = computed  # the worker's own: passes run one at a time
             for uid, want in inputs.claimed.items():
                 mine = wanted.setdefault(uid, {})
                 for g, lim in want.items():
