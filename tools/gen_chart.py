@@ -471,7 +471,8 @@ def values_schema() -> dict[str, Any]:
                 "enabled": {
                     **enabled,
                     "description": "GPUSLICE_MEMORY_ISOLATION; mounts the host's "
-                    "/sys/fs/cgroup read-only (docs/memory-isolation.md)",
+                    "/sys/fs/cgroup read-only and adds CAP_SYS_ADMIN "
+                    "(docs/memory-isolation.md)",
                 }
             },
         ),

@@ -40,6 +40,9 @@ FIGURES = {
     "dra_prepare_8_p99",
     "dra_publish_after_health_p99",
     "upgrade_gap",
+    "isolation_allocate_p99",
+    "isolation_limit_latency",
+    "isolation_cpu_per_100_pods",
 }
 
 
