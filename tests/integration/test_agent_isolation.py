@@ -15,7 +15,10 @@ import pytest
 from agent_harness import EXAMPLES, AgentLauncher, RunningAgent
 from process_harness import run_once
 
+from gpuslice.adapters.cgroup_tree import PodCgroupTree
 from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.podresources import read_checkpoint
 from gpuslice.core.isolation import DMEM, LABEL, Limit
 from gpuslice.services.isolation import Isolation
 from gpuslice.testing.cgroups import CGROUPFS, SYSTEMD, CgroupTree
@@ -118,15 +121,24 @@ async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
     limits = dict(node.isolation.applied[a.pod_uid].limits)
     assert limits == {a.device_ids[0].split("::")[0]: Limit(2 * SHARE)}  # two replicas
 
-    # A new service over the same driver state: it finds what its predecessor set.
+    b = (await kubelet.admit("b", {"main": {GPU: 1}}))[0]
+    node.tree.create_pod(b.pod_uid)
+    await node.until(lambda: b.pod_uid in node.isolation.applied)
+    gpu = b.device_ids[0].split("::")[0]
+    node.backend.set_memory_limit(gpu, node.host_path(b.pod_uid), Limit(1 << 30))  # not its share
+
+    # The agent restarts: a new service over the same driver state and the kubelet's records
+    # keeps what matches them and corrects what does not.
     fresh = Isolation(
         node.running.devices,
-        node.isolation._cgroups,
-        node.isolation._checkpoint,
-        node.isolation._watch,
+        PodCgroupTree(node.tree.root),
+        lambda: read_checkpoint(kubelet.checkpoint_path),
+        DirWatcher,
     )
     await fresh.converge()
     assert fresh.applied[a.pod_uid].limits == limits
+    assert fresh.applied[b.pod_uid].limits == {gpu: Limit(SHARE)}
+    assert node.backend.memory_limit(gpu, node.host_path(b.pod_uid)).hard == SHARE
 
     node.tree.remove_pod(a.pod_uid)  # the pod ends: its cgroup, and the limits, go
     await node.until(lambda: a.pod_uid not in node.isolation.applied)
@@ -181,9 +193,13 @@ async def test_a_hard_limit_over_the_gpu_is_refused_like_any_config_in_one_line(
     a = (await kubelet.admit("a", {"main": {GPU: 1}}))[0]
     node.tree.create_pod(a.pod_uid)
     await node.until(lambda: a.pod_uid in node.isolation.applied)
-    assert dict(node.isolation.applied[a.pod_uid].limits) == {
-        a.device_ids[0].split("::")[0]: Limit(8 << 30, 1 << 30)
-    }
+    gpu = a.device_ids[0].split("::")[0]
+    assert dict(node.isolation.applied[a.pod_uid].limits) == {gpu: Limit(8 << 30, 1 << 30)}
+    off = 'memoryIsolation:\n  resources:\n    nvidia.com/gpu:\n      hardLimit: "off"\n'
+    config.write_text(base + off)  # a running pod's limit follows the config
+    assert await node.running.reload()
+    await node.until(lambda: not node.isolation.applied[a.pod_uid].limits)
+    assert not node.backend.memory_limit(gpu, node.host_path(a.pod_uid)).limited
 
 
 def test_inspect_shows_each_gpus_memory_isolation_and_what_is_missing(tmp_path: Path) -> None:
