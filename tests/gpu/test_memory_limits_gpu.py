@@ -47,10 +47,14 @@ def scratch() -> Iterator[Path]:
 def test_support_is_detected_with_what_is_missing(backend: NvmlBackend) -> None:
     snapshot = backend.snapshot()
     problem = backend.limit_problem()
-    modes = detect(snapshot, PodCgroupTree(CGROUP_ROOT).facts(problem))
-    assert len(modes) == len(snapshot.gpus)
-    for mode in modes:
-        assert (mode.mode in ENFORCING) == (not problem and not mode.missing.startswith("cgroup"))
+    facts = PodCgroupTree(CGROUP_ROOT).facts(problem)
+    modes = detect(snapshot, facts)
+    assert [m.uuid for m in modes] == [g.uuid for g in snapshot.gpus]
+    for gpu, mode in zip(snapshot.gpus, modes, strict=True):
+        can = not problem and facts.cgroup_v2 and not gpu.mig_enabled
+        assert (mode.mode in ENFORCING) is can, mode
+        if problem:
+            assert problem in mode.missing  # said in one line: the driver version or call
 
 
 def test_a_limit_is_set_read_back_and_removed_on_a_scratch_cgroup(
