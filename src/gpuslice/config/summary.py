@@ -34,9 +34,9 @@ def describe(config: Config, *, complete: bool = False) -> str:
     if limits is not None:
         over = ", allowOvercommit" if limits.allow_overcommit else ""
         lines.append(f"memoryIsolation: {len(limits.resources)} override(s){over}")
-        for name, rule in sorted(limits.resources.items()):
-            hard = rule.hard_limit if rule.hard_limit is not None else "its replica's share"
-            soft = f", softLimit {rule.soft_limit}" if rule.soft_limit is not None else ""
+        for name, limit in sorted(limits.resources.items()):
+            hard = limit.hard_limit if limit.hard_limit is not None else "its replica's share"
+            soft = f", softLimit {limit.soft_limit}" if limit.soft_limit is not None else ""
             lines.append(f"  {name}: hardLimit {hard}{soft}")
     return "\n".join(lines)
 
