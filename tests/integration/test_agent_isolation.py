@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -18,9 +19,10 @@ from process_harness import run_once
 from gpuslice.adapters.cgroup_tree import PodCgroupTree
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.fswatch import DirWatcher
-from gpuslice.adapters.podresources import read_checkpoint
+from gpuslice.adapters.podresources import PodResourcesClient, read_checkpoint
 from gpuslice.core.isolation import DMEM, LABEL, Limit
 from gpuslice.services.isolation import Isolation
+from gpuslice.services.sampler import Sampler
 from gpuslice.testing.cgroups import CGROUPFS, SYSTEMD, CgroupTree
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import Parts
@@ -33,7 +35,8 @@ SHARE = T4_MIB * MIB // 4  # the t4 profile's GPU, time-sliced 4 ways
 
 @pytest.fixture
 async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
-    async with KubeletStandin(plugin_dir) as standin:
+    pod_resources = os.path.join(plugin_dir, "pr", "kubelet.sock")
+    async with KubeletStandin(plugin_dir, pod_resources) as standin:
         yield standin
 
 
@@ -215,3 +218,31 @@ def test_inspect_shows_each_gpus_memory_isolation_and_what_is_missing(tmp_path: 
     assert table.returncode == 0, table.stderr
     assert "MEMORY ISOLATION" in table.stdout
     assert "memory isolation: cgroup v2 is not mounted (cgroup v1 or none)" in table.stdout
+
+
+async def test_accounting_reads_a_limited_pods_memory_from_the_limit(
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path
+) -> None:
+    node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
+    a = (await kubelet.admit("a", {"main": {GPU: 1}}))[0]
+    node.tree.create_pod(a.pod_uid)
+    await node.until(lambda: a.pod_uid in node.isolation.applied)
+    gpu = a.device_ids[0].split("::")[0]
+    node.line({"process": {"pid": 21, "gpu": gpu, "memory_mib": 2000, "pod_uid": a.pod_uid}})
+    assert kubelet.pod_resources_socket is not None
+    pods = PodResourcesClient(kubelet.pod_resources_socket, kubelet.checkpoint_path)
+    devices = node.running.devices
+    sampler = Sampler(
+        devices.on_backend,
+        lambda: devices.snapshot,
+        pods,
+        node.backend,
+        cgroup_used=node.isolation.usage,
+    )
+    try:
+        got = await sampler.sample_once()
+    finally:
+        await pods.aclose()
+    assert got is not None, sampler.error
+    (usage,) = got.containers
+    assert (usage.memory_source, usage.memory_used_bytes) == ("cgroup", 2000 * MIB)
