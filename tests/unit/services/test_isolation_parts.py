@@ -17,9 +17,11 @@ from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.adapters.metrics import IsolationCollector, PrometheusMetrics
 from gpuslice.core.attribution import Attribution, ContainerUsage, GpuUsage, with_cgroup_usage
 from gpuslice.core.devices import Gpu, HardwareSnapshot
-from gpuslice.core.isolation import DMEM, GpuIsolation, IsolationView, Limit, PodLimit
+from gpuslice.core.isolation import DMEM, LABEL, GpuIsolation, IsolationView, Limit, PodLimit
 from gpuslice.core.metrics import NoMetrics
+from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.watchdog import Policy
+from gpuslice.services.labeller import snapshot_labels
 from gpuslice.services.watchdog import Watchdog
 
 MIB = 1 << 20
@@ -116,3 +118,13 @@ def test_the_simulated_driver_refuses_growth_past_a_pods_hard_limit(tmp_path: Pa
     backend.clear_memory_limit(gpu, pod)
     assert not backend.memory_limit(gpu, pod).limited
     backend.close()
+
+
+async def test_the_node_label_joins_the_labellers_labels() -> None:
+    async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
+        return load_spec("t4"), ResourceSettings()
+
+    labels = await snapshot_labels(read, more=lambda: {LABEL: DMEM})()
+    assert labels[LABEL] == DMEM
+    assert labels["nvidia.com/gpu.count"] == "1"
+    assert LABEL not in await snapshot_labels(read)()
