@@ -65,6 +65,7 @@ from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
+from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
 from gpuslice.services.config_source import (
     ConfigMapEntries,
@@ -72,7 +73,7 @@ from gpuslice.services.config_source import (
     EntrySource,
     FileEntries,
 )
-from gpuslice.services.isolation import NO_LIMITS, ClaimShares, Isolation
+from gpuslice.services.isolation import NO_LIMITS, Isolation
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons

@@ -15,7 +15,7 @@ from dra_harness import DRIVER, DraRig, dra_rig
 
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.core.isolation import Limit
-from gpuslice.services.isolation import ClaimShares
+from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.cgroups import CgroupTree
 from gpuslice.testing.kubelet.dra import DraKubeletStandin

@@ -43,6 +43,7 @@ from gpuslice.core.resources import Resource
 from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import MPS
 from gpuslice.core.usage import CheckpointEntry
+from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.isolation")
 
@@ -86,33 +87,6 @@ class Pass:
 class Applied:
     cgroup: str
     limits: Mapping[str, Limit]  # GPU UUID -> the limit in force there
-
-
-class ClaimShares:
-    """Which pods hold which memory through DRA claims: the DRA front-end tells it on
-    prepare and unprepare (it learns the pods from the claim's reservedFor)."""
-
-    def __init__(self) -> None:
-        self._claims: dict[str, tuple[tuple[str, ...], dict[str, Limit]]] = {}
-        self.changed: Callable[[], None] | None = None
-
-    def put(self, claim_uid: str, pods: tuple[str, ...], limits: Mapping[str, Limit]) -> None:
-        self._claims[claim_uid] = (pods, dict(limits))
-        if self.changed is not None:
-            self.changed()
-
-    def drop(self, claim_uid: str) -> None:
-        if self._claims.pop(claim_uid, None) is not None and self.changed is not None:
-            self.changed()
-
-    def by_pod(self) -> dict[str, dict[str, Limit]]:
-        out: dict[str, dict[str, Limit]] = {}
-        for pods, limits in self._claims.values():
-            for uid in pods:
-                mine = out.setdefault(uid, {})
-                for gpu, limit in limits.items():
-                    mine[gpu] = mine[gpu] + limit if gpu in mine else limit
-        return out
 
 
 class Isolation:

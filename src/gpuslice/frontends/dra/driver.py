@@ -38,7 +38,7 @@ from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState
-from gpuslice.services.isolation import ClaimShares
+from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
 
