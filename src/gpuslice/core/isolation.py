@@ -185,7 +185,7 @@ def check_policy(resources: Sequence[Resource], policy: MemoryPolicy) -> None:
     adding up to more than a GPU unless allowOvercommit says so."""
     by_name = {r.name: r for r in resources}
     for name, rule in policy.rules:
-        where = f"memoryIsolation.resources[{name!r}]"
+        where = f"memoryIsolation.resources[{name}]"
         res = by_name.get(name)
         if rule.off or res is None:
             continue
