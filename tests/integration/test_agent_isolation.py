@@ -246,3 +246,19 @@ async def test_accounting_reads_a_limited_pods_memory_from_the_limit(
     assert got is not None, sampler.error
     (usage,) = got.containers
     assert (usage.memory_source, usage.memory_used_bytes) == ("cgroup", 2000 * MIB)
+
+
+async def test_a_limit_the_driver_refuses_is_reported_and_set_once_it_can_be(
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path
+) -> None:
+    node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
+    a = (await kubelet.admit("a", {"main": {GPU: 1}}))[0]
+    node.line({"gpu": 0, "lost": True})  # NVML answers GPU_IS_LOST for it now
+    node.tree.create_pod(a.pod_uid)
+    await node.until(lambda: node.isolation.error is not None)
+    _, details = node.running.node.readiness()
+    assert "GPU is lost" in details["memoryIsolation"]["error"]
+    assert a.pod_uid not in node.isolation.in_force_at
+    node.line({"gpu": 0, "recovered": True})
+    await node.until(lambda: a.pod_uid in node.isolation.in_force_at)
+    assert node.isolation.error is None

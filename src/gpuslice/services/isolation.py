@@ -218,6 +218,9 @@ class Isolation:
         except BackendError as exc:
             self._failed(str(exc))
             return
+        except OSError as exc:  # the host's cgroup tree or the checkpoint cannot be read
+            self._failed(f"memory limits not converged: {exc}")
+            return
         now = self._clock()
         self.gpus, self.applied = done.gpus, done.applied
         for uid in self.in_force_at.keys() - done.applied.keys():

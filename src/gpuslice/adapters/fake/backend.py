@@ -116,7 +116,6 @@ class FakeBackend:
 
     def memory_limit(self, gpu_uuid: str, cgroup: str) -> LimitReading:
         with self._lock:
-            self._ingest()
             self._limited_gpu(gpu_uuid)
             limit = self._processes.limit(gpu_uuid, cgroup)
             used = self._processes.used_in(gpu_uuid, cgroup)
@@ -130,11 +129,15 @@ class FakeBackend:
             self._processes.set_limit(gpu_uuid, cgroup, None)
 
     def _limited_gpu(self, gpu_uuid: str) -> None:
+        """The GPU a limit call names, as the driver answers for it (holding the lock)."""
+        self._ingest()
         gpu = self._snapshot.gpu_by_uuid(gpu_uuid)
         if gpu is None:
             raise BackendError(f"no GPU {gpu_uuid} on this node")
         if gpu.mig_enabled:
             raise BackendError(f"GPU {gpu.index}: memory limits are not supported with MIG")
+        if gpu_uuid in self._lost:
+            raise BackendError(f"GPU {gpu.index}: GPU is lost", transient=True)
 
     def close(self) -> None:
         self._closed.set()
