@@ -2,8 +2,9 @@
 
 A pod's limit goes on its pod-level cgroup as soon as that cgroup appears: the kubelet
 creates it after admission (Allocate, and the device checkpoint that records the pod's
-devices) and before the pod's sandbox and containers, so the limit is in force before any
-of its containers runs. Each pass, on the backend worker: the cgroup tree's pods, the
+devices) and before the pod's sandbox and containers, so the limit is normally in force
+before any of its containers runs (the kubelet does not wait for it; the margin is measured
+in docs/memory-isolation.md). Each pass, on the backend worker: the cgroup tree's pods, the
 kubelet's checkpoint (which pod holds which share; also the record rebuilt from after an
 agent restart) and the policy give the limits wanted; those that differ are set, those no
 longer wanted cleared. A pod's cgroup removed takes its limits with it.
