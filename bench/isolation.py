@@ -20,7 +20,7 @@ from bench.plan import Plan
 from bench.rigs import GPU, Rig, agent_rig, scratch, time_slicing
 from gpuslice.adapters.deviceplugin.api import pb
 from gpuslice.adapters.fake import FakeBackend
-from gpuslice.testing.cgroups import SYSTEMD, CgroupTree
+from gpuslice.testing.cgroups import SYSTEMD, CgroupTree, r615_node
 
 FIGURES = ("isolation_allocate_p99", "isolation_limit_latency", "isolation_cpu_per_100_pods")
 REPLICAS = 100
@@ -69,12 +69,13 @@ async def run(plan: Plan) -> list[Figure]:
         config = time_slicing(os.path.join(work, "ts.yaml"), REPLICAS)
         flags = {"memory-isolation": "true", "cgroup-root": root}
         # The kubelet makes its QoS levels when it starts, long before any pod.
-        tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4x4").snapshot().gpus)
+        node = r615_node("t4x4", os.path.join(work, "node.yaml"))
+        tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec(node).snapshot().gpus)
         levels = os.path.join(root, "kubepods.slice", "kubepods-burstable.slice")
         os.makedirs(levels, exist_ok=True)
         async with (
-            agent_rig(work, "t4x4", config, flags=flags) as rig,
-            agent_rig(base_dir, "t4x4", config) as base,
+            agent_rig(work, node, config, flags=flags) as rig,
+            agent_rig(base_dir, node, config) as base,
         ):
             for trial in range(plan.trials):
                 uids = await _pods(rig, tree, pods, trial * pods)

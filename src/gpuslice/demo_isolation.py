@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuslice.config.options import resolve_options
 from gpuslice.core.isolation import LABEL, node_mode
-from gpuslice.wiring import CgroupTree, KubeletStandin, MemoryNodeApi, build_node
+from gpuslice.wiring import CgroupTree, KubeletStandin, MemoryNodeApi, build_node, r615_node
 
 GPU = "nvidia.com/gpu"
 CONFIG = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n" + (
@@ -36,7 +36,7 @@ async def isolation_walkthrough(work: str, out: Callable[[str], None]) -> None:
             "memory-isolation": "true",
             "cgroup-root": str(tree.root),
         },
-        fake_hardware="a100-40gb",
+        fake_hardware=r615_node("a100-40gb", os.path.join(work, "node.yaml")),
         fake_events=events,
     )
     node = build_node(opts, MemoryNodeApi({"demo-node": {}}))
@@ -50,7 +50,10 @@ async def isolation_walkthrough(work: str, out: Callable[[str], None]) -> None:
             gpu = node.devices.snapshot.gpus[0]
             tree.make_root([gpu.pci_bus_id])  # kernel 6.14+ with dmem: the kernel enforces
             await kubelet.wait_for(lambda k: len(k.devices(GPU)) == 4)
-            out(f"\n== Memory isolation (--memory-isolation): 1x {gpu.name}, 4 replicas")
+            out(
+                f"\n== Memory isolation (--memory-isolation): 1x {gpu.name}, 4 replicas, driver "
+                f"{node.devices.snapshot.driver_version}"
+            )
             uids = {}
             for pod in ("llm-a", "llm-b"):
                 (admitted,) = await kubelet.admit(pod, {"main": {GPU: 1}})
@@ -76,7 +79,7 @@ async def isolation_walkthrough(work: str, out: Callable[[str], None]) -> None:
             for line in refused:
                 out(f"   refused: {line}")
             used = await node.devices.on_backend(isolation.usage)
-            how = {"llm-a": "stopped at its limit", "llm-b": "its neighbour kept allocating"}
+            how = {"llm-a": "stopped at its limit", "llm-b": "its neighbour, kept allocating"}
             for pod, uid in uids.items():
                 mib = used.get((uid, gpu.uuid), 0) // MIB
                 out(f"   {pod}: {mib} MiB in use (the limit's currentUsed): {how[pod]}")

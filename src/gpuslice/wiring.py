@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from gpuslice.adapters.metrics import PrometheusMetrics
     from gpuslice.adapters.podresources import PodResourcesClient
     from gpuslice.adapters.status_http import StatusServer
-    from gpuslice.testing.cgroups import CgroupTree
+    from gpuslice.testing.cgroups import CgroupTree, r615_node
     from gpuslice.testing.configmap import write_configmap_volume
     from gpuslice.testing.kubelet import KubeletStandin
     from gpuslice.testing.kubelet.records import (
@@ -100,6 +100,7 @@ if TYPE_CHECKING:
 # The simulated cluster `gpuslice demo` runs against (the testing kit), loaded when used.
 _KIT = {
     "CgroupTree": "gpuslice.testing.cgroups",
+    "r615_node": "gpuslice.testing.cgroups",
     "write_configmap_volume": "gpuslice.testing.configmap",
     "KubeletStandin": "gpuslice.testing.kubelet",
     "AdmittedContainer": "gpuslice.testing.kubelet.records",
@@ -124,6 +125,7 @@ __all__ = [
     "Node",
     "RunOptions",
     "StandinError",
+    "r615_node",
     "resolve_options",
     "write_configmap_volume",
 ]

@@ -23,7 +23,7 @@ from gpuslice.adapters.podresources import PodResourcesClient, read_checkpoint
 from gpuslice.core.isolation import DMEM, LABEL, Limit
 from gpuslice.services.isolation import Isolation
 from gpuslice.services.sampler import Sampler
-from gpuslice.testing.cgroups import CGROUPFS, SYSTEMD, CgroupTree
+from gpuslice.testing.cgroups import CGROUPFS, SYSTEMD, CgroupTree, r615_node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring import Parts
 
@@ -75,7 +75,7 @@ async def start(
 
     tree = CgroupTree(root, driver)
     running = await launcher.start(
-        "t4",
+        r615_node("t4", root.parent / "node.yaml"),
         config=flags.pop("config", str(EXAMPLES / "time-slicing.yaml")),
         flags={"memory-isolation": "true", "cgroup-root": str(root), **flags},
         change=keep,
@@ -208,11 +208,14 @@ async def test_a_hard_limit_over_the_gpu_is_refused_like_any_config_in_one_line(
 def test_inspect_shows_each_gpus_memory_isolation_and_what_is_missing(tmp_path: Path) -> None:
     tree = CgroupTree(tmp_path / "cgroup")
     tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
-    args = ("inspect", "--fake-hardware", "t4", "--cgroup-root", str(tree.root))
+    node = r615_node("t4", tmp_path / "node.yaml")
+    args = ("inspect", "--fake-hardware", node, "--cgroup-root", str(tree.root))
     result = run_once(*args, "--output", "json")
     assert result.returncode == 0, result.stderr
     (gpu,) = json.loads(result.stdout)["gpus"]
     assert gpu["memoryIsolation"] == {"mode": DMEM, "missing": "", "enabled": False}
+    old = run_once("inspect", "--fake-hardware", "t4", "--cgroup-root", str(tree.root))
+    assert "memory isolation: driver 535.183.01 is older than r615" in old.stdout
     (tree.root / "cgroup.controllers").unlink()
     table = run_once(*args)
     assert table.returncode == 0, table.stderr

@@ -17,7 +17,7 @@ from gpuslice.adapters.fake import FakeBackend
 from gpuslice.core.isolation import Limit
 from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
-from gpuslice.testing.cgroups import CgroupTree
+from gpuslice.testing.cgroups import CgroupTree, r615_node
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
 
 GPU0 = "gpu-0000-07-00-0"  # dgx-a100's first GPU (A100-SXM4-40GB)
@@ -106,7 +106,8 @@ async def test_the_agent_limits_a_dra_pods_cgroup_from_its_claim(
             "cgroup-root": str(tree.root),
         }
         tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
-        running = await launcher.start("t4", config=config, flags=flags, wait_ready=False)
+        node = r615_node("t4", tmp_path / "node.yaml")
+        running = await launcher.start(node, config=config, flags=flags, wait_ready=False)
         dra = DraKubeletStandin(flags["dra-registry-dir"], launcher.cdi_spec_dir)
         try:
             await dra.discover(DRIVER)

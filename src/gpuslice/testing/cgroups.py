@@ -5,9 +5,13 @@ kubelet makes and removes them. The memory-isolation tests, the demo and the ben
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpuslice.adapters.fake.profiles import profile_text
+
+R615_DRIVER = "615.10.01"  # a driver with the per-cgroup memory limit calls (CUDA 13.4)
 SYSTEMD = "systemd"
 CGROUPFS = "cgroupfs"
 CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc dmem"
@@ -58,3 +62,14 @@ def _sysfs_pci(bus_id: str) -> str:
     """NVML's "00000000:3B:00.0" as sysfs writes it, "0000:3b:00.0"."""
     parts = bus_id.lower().split(":")
     return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}" if len(parts) == 3 else bus_id
+
+
+def r615_node(profile: str, path: str | os.PathLike[str]) -> str:
+    """A node file of the built-in `profile` with an r615 driver (the built-in profiles carry
+    older drivers, whose simulated NVML cannot set memory limits); its path."""
+    text = profile_text(profile)
+    text = re.sub(r"(?m)^driver_version: .*$", f'driver_version: "{R615_DRIVER}"', text)
+    text = re.sub(r"(?m)^nvml_version: .*$", f'nvml_version: "13.{R615_DRIVER}"', text)
+    text = re.sub(r"(?m)^cuda_driver_version: .*$", "cuda_driver_version: 13040", text)
+    Path(path).write_text(text, encoding="utf-8")
+    return str(path)

@@ -17,12 +17,14 @@ from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.adapters.metrics import IsolationCollector, PrometheusMetrics
 from gpuslice.core.attribution import Attribution, ContainerUsage, GpuUsage, with_cgroup_usage
 from gpuslice.core.devices import Gpu, HardwareSnapshot
+from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import DMEM, LABEL, GpuIsolation, IsolationView, Limit, PodLimit
 from gpuslice.core.metrics import NoMetrics
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.watchdog import Policy
 from gpuslice.services.labeller import snapshot_labels
 from gpuslice.services.watchdog import Watchdog
+from gpuslice.testing.cgroups import r615_node
 
 MIB = 1 << 20
 GPU = Gpu(0, "GPU-0", "Tesla T4", 0, 16384, (7, 5))
@@ -101,7 +103,7 @@ def test_a_bad_allocate_line_is_refused_in_one_line(line: object, said: str) -> 
 
 def test_the_simulated_driver_refuses_growth_past_a_pods_hard_limit(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
-    backend = FakeBackend(load_spec("t4"), events)
+    backend = FakeBackend(load_spec(r615_node("t4", tmp_path / "node.yaml")), events)
     gpu = backend.snapshot().gpus[0].uuid
     pod = f"/sys/fs/cgroup/kubepods/burstable/pod{UID}"
     backend.set_memory_limit(gpu, pod, Limit(1000 * MIB))
@@ -128,3 +130,11 @@ async def test_the_node_label_joins_the_labellers_labels() -> None:
     assert labels[LABEL] == DMEM
     assert labels["nvidia.com/gpu.count"] == "1"
     assert LABEL not in await snapshot_labels(read)()
+
+
+def test_a_driver_before_r615_cannot_set_a_limit(tmp_path: Path) -> None:
+    backend = FakeBackend(load_spec("t4"))  # the built-in profile's driver: 535
+    gpu = backend.snapshot().gpus[0].uuid
+    assert backend.limit_problem() == "driver 535.183.01 is older than r615"
+    with pytest.raises(BackendError, match="older than r615"):
+        backend.set_memory_limit(gpu, f"/sys/fs/cgroup/kubepods/pod{UID}", Limit(MIB))

@@ -15,7 +15,7 @@ from gpuslice.adapters.fake.processes import ProcessTable
 from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
-from gpuslice.core.isolation import UNLIMITED, Limit, LimitReading
+from gpuslice.core.isolation import UNLIMITED, Limit, LimitReading, driver_problem
 from gpuslice.core.usage import ProcessOwner, ProcessSample
 
 _log = structlog.get_logger()
@@ -107,7 +107,8 @@ class FakeBackend:
     # The MemoryLimits port: the driver's per-cgroup limits, as r615 applies them.
 
     def limit_problem(self) -> str:
-        return ""  # the simulated driver has the calls
+        """As a real driver of the node's version: r615 and later have the calls."""
+        return driver_problem(self._snapshot.driver_version, has_calls=True)
 
     def set_memory_limit(self, gpu_uuid: str, cgroup: str, limit: Limit) -> None:
         with self._lock:
@@ -138,6 +139,9 @@ class FakeBackend:
             raise BackendError(f"GPU {gpu.index}: memory limits are not supported with MIG")
         if gpu_uuid in self._lost:
             raise BackendError(f"GPU {gpu.index}: GPU is lost", transient=True)
+        problem = self.limit_problem()
+        if problem:
+            raise BackendError(f"memory limits on GPU {gpu.index}: {problem}")
 
     def close(self) -> None:
         self._closed.set()
