@@ -26,6 +26,7 @@ from bench import (
     configmap,
     dra,
     events,
+    isolation,
     listing,
     memory,
     metrics_auth,
@@ -53,6 +54,7 @@ GROUPS: dict[str, Group] = {
     "upgrade": (upgrade.FIGURES, upgrade.run),
     "metrics_auth": (metrics_auth.FIGURES, metrics_auth.run),
     "advise": (advise.FIGURES, advise.run),
+    "isolation": (isolation.FIGURES, isolation.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

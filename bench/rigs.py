@@ -109,10 +109,11 @@ async def agent_rig(
     config: str | None = None,
     config_name: str | None = None,
     adapt: Callable[[Parts], Parts] | None = None,
+    flags: dict[str, str] | None = None,
 ) -> AsyncIterator[Rig]:
     """A stand-in on `plugin_dir` and the agent serving it, settled; stopped on exit."""
     events = os.path.join(plugin_dir, "events.jsonl")
-    values = {"kubelet-socket": os.path.join(plugin_dir, "kubelet.sock")}
+    values = {"kubelet-socket": os.path.join(plugin_dir, "kubelet.sock"), **(flags or {})}
     if config:
         values["config-file"] = config
     opts = resolve_options(

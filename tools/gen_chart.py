@@ -478,6 +478,16 @@ def values_schema() -> dict[str, Any]:
             },
             ["level", "format"],
         ),
+        "memoryIsolation": _obj(
+            {
+                "enabled": {
+                    **enabled,
+                    "description": "GPUSLICE_MEMORY_ISOLATION; mounts the host's "
+                    "/sys/fs/cgroup read-only and adds CAP_SYS_ADMIN "
+                    "(docs/memory-isolation.md)",
+                }
+            },
+        ),
         "accounting": _obj(
             {
                 "enabled": {

@@ -17,6 +17,7 @@ from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
+from gpuslice.demo_isolation import isolation_walkthrough
 from gpuslice.wiring import (
     AdmittedContainer,
     InsufficientResourceError,
@@ -136,6 +137,7 @@ async def _walkthrough(profile: str, work: str, out: Callable[[str], None]) -> N
             await task
         left = [n for n in os.listdir(work) if n.endswith(".sock") and n != "kubelet.sock"]
         out("\n== Agent stopped: plugin sockets left behind: " + (", ".join(left) or "none"))
+    await isolation_walkthrough(os.path.join(work, "isolation"), out)
 
 
 async def _switch(

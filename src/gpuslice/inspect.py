@@ -11,10 +11,18 @@ from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources
 from gpuslice.core.dra.slices import build_slices, published
+from gpuslice.core.isolation import detect
 from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
 from gpuslice.core.resources import Resource, unmatched_rule_warnings
-from gpuslice.wiring import machine_type, open_backend, plugin_settings, toolkit_problem
+from gpuslice.core.sharing import MPS
+from gpuslice.wiring import (
+    isolation_facts,
+    machine_type,
+    open_backend,
+    plugin_settings,
+    toolkit_problem,
+)
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
@@ -28,12 +36,15 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
+        facts = isolation_facts(opts, backend)
     finally:
         backend.close()
     pinned = opts.mps_pinned_memory_limit_mib
     resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
         snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned
     )
+    mps = frozenset(d.gpu_uuid for r in resources if r.sharing == MPS for d in r.devices)
+    isolation = {g.uuid: g for g in detect(snapshot, facts, mps)}
     machine = machine_type(opts, cfg.labels.machine_type_file)
     labelled = label_node(snapshot, cfg.resources, machine=machine)
     report: dict[str, Any] = {
@@ -58,6 +69,11 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
                 "migEnabled": g.mig_enabled,
                 "migDevices": len(g.mig_devices),
                 "servedAs": served_as(g.uuid, resources),
+                "memoryIsolation": {
+                    "mode": isolation[g.uuid].mode,
+                    "missing": isolation[g.uuid].missing,
+                    "enabled": cfg.memory.enabled,
+                },
             }
             for g in sorted(snapshot.gpus, key=lambda g: g.index)
         ],
@@ -116,12 +132,19 @@ def render_table(report: dict[str, Any]) -> str:
     if not report["details"]:
         lines.append("(nothing advertised)")
     if report["gpus"]:
-        gpu_rows = [("GPU", "MODEL", "SERVED AS")]
+        gpu_rows = [("GPU", "MODEL", "MEMORY ISOLATION", "SERVED AS")]
         gpu_rows += [
-            (str(g["index"]), g["name"], ", ".join(map(_how, g["servedAs"])) or "(not served)")
+            (
+                str(g["index"]),
+                g["name"],
+                g["memoryIsolation"]["mode"],
+                ", ".join(map(_how, g["servedAs"])) or "(not served)",
+            )
             for g in report["gpus"]
         ]
         lines += ["", *_columns(gpu_rows)]
+        missing = sorted({g["memoryIsolation"]["missing"] for g in report["gpus"]} - {""})
+        lines += [f"memory isolation: {line}" for line in missing]
     if report["labels"]:
         lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
     if "resourceSlices" in report:

@@ -41,6 +41,7 @@ from gpuslice.core.advice import Series, SeriesFacts
 from gpuslice.core.cdi import EXTRA_NODES, uses_cdi
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
 from gpuslice.core.errors import BackendError, ConfigError
+from gpuslice.core.isolation import HostFacts
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
     ClaimDir,
@@ -65,6 +66,7 @@ from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
+from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
 from gpuslice.services.config_source import (
     ConfigMapEntries,
@@ -72,6 +74,7 @@ from gpuslice.services.config_source import (
     EntrySource,
     FileEntries,
 )
+from gpuslice.services.isolation import NO_LIMITS, Isolation
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.mps import MPS_WAITING_REASON, MpsDaemons
@@ -85,6 +88,7 @@ if TYPE_CHECKING:
     from gpuslice.adapters.metrics import PrometheusMetrics
     from gpuslice.adapters.podresources import PodResourcesClient
     from gpuslice.adapters.status_http import Authorize, StatusServer
+    from gpuslice.testing.cgroups import CgroupTree, r615_node
     from gpuslice.testing.configmap import write_configmap_volume
     from gpuslice.testing.kubelet import KubeletStandin
     from gpuslice.testing.kubelet.records import (
@@ -97,6 +101,8 @@ if TYPE_CHECKING:
 
 # The simulated cluster `gpuslice demo` runs against (the testing kit), loaded when used.
 _KIT = {
+    "CgroupTree": "gpuslice.testing.cgroups",
+    "r615_node": "gpuslice.testing.cgroups",
     "write_configmap_volume": "gpuslice.testing.configmap",
     "KubeletStandin": "gpuslice.testing.kubelet",
     "AdmittedContainer": "gpuslice.testing.kubelet.records",
@@ -115,6 +121,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AdmittedContainer",
+    "CgroupTree",
     "InsufficientResourceError",
     "KubeletStandin",
     "MemoryNodeApi",
@@ -122,6 +129,7 @@ __all__ = [
     "RunOptions",
     "StandinError",
     "SyntheticPrometheus",
+    "r615_node",
     "resolve_options",
     "write_configmap_volume",
 ]
@@ -231,7 +239,9 @@ def device_plugin(
     )
 
 
-def dra_front_end(opts: RunOptions, devices: NodeDevices) -> DraFrontEnd:
+def dra_front_end(
+    opts: RunOptions, devices: NodeDevices, shares: ClaimShares | None = None
+) -> DraFrontEnd:
     """The DRA front-end (--dra): its sockets in the kubelet's plugin directories, its
     checkpoint beside its socket, a CDI spec per claim and the NVIDIA Container Toolkit's
     devices from the CDI directory, ResourceSlices and ResourceClaims through the API.
@@ -261,6 +271,7 @@ def dra_front_end(opts: RunOptions, devices: NodeDevices) -> DraFrontEnd:
         checkpoint=ClaimCheckpointFile(plugin_dir),
         specs=ClaimSpecDir(opts.cdi_spec_dir),
         control_devices=control_devices(opts),
+        shares=shares,
     )
     return DraFrontEnd(
         devices,
@@ -282,7 +293,8 @@ def agent(
     devices = node_devices(opts, metrics, chosen)
     front_ends: list[FrontEnd] = [device_plugin(opts, devices, metrics, chosen)]
     if opts.dra is not None:
-        front_ends.append(dra_front_end(opts, devices))
+        shares = ClaimShares() if opts.memory_isolation else None
+        front_ends.append(dra_front_end(opts, devices, shares))
     return Agent(devices, front_ends, metrics=metrics)
 
 
@@ -391,7 +403,9 @@ def build_node(
     api: NodeApi | None,
     metrics: Metrics = NO_METRICS,
     with_parts: Parts | None = None,
-    accounting: Callable[[NodeDevices], tuple[Sampler, Watchdog | None]] | None = None,
+    accounting: (
+        Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]] | None
+    ) = None,
 ) -> Node:
     """`gpuslice run`'s node: the agent, the config manager (over the config file or the
     per-node configs), the labeller when configured. Raises ConfigError (the config file
@@ -436,7 +450,50 @@ def build_node(
             await api.record_event(opts.node_name, MPS_WAITING_REASON, message, warning=True)
 
         mps.notify = mps_waiting
-    return Node(NodeDeps(node_agent, manager, labels, accounting))
+    claims = next(
+        (f.driver.shares for f in node_agent.front_ends if isinstance(f, DraFrontEnd)), None
+    )
+    return Node(NodeDeps(node_agent, manager, labels, accounting, isolation(opts, claims)))
+
+
+CHECKPOINT = "kubelet_internal_checkpoint"
+
+
+def isolation_facts(opts: RunOptions, backend: GpuBackend) -> HostFacts:
+    """What decides each GPU's memory isolation: the driver's answer and the host's
+    cgroup tree under --cgroup-root (`gpuslice inspect`)."""
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+
+    limits = getattr(backend, "limit_problem", None)
+    problem = limits() if callable(limits) else NO_LIMITS
+    return PodCgroupTree(opts.cgroup_root).facts(str(problem))
+
+
+def isolation(
+    opts: RunOptions, claims: ClaimShares | None = None
+) -> Callable[[NodeDevices], Isolation] | None:
+    """Per-pod GPU memory limits (--memory-isolation): the host's pod cgroups under
+    --cgroup-root, the kubelet's device checkpoint and the DRA front-end's prepared
+    claims (`claims`) for who holds which share."""
+    if not opts.memory_isolation:
+        return None
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+    from gpuslice.adapters.podresources import read_checkpoint
+
+    tree = PodCgroupTree(opts.cgroup_root)
+    path = os.path.join(opts.plugin_dir, CHECKPOINT)
+
+    def build(devices: NodeDevices) -> Isolation:
+        return Isolation(
+            devices,
+            tree,
+            lambda: read_checkpoint(path),
+            _watch,
+            also_watch=((opts.plugin_dir, frozenset({CHECKPOINT})),),
+            claims=claims,
+        )
+
+    return build
 
 
 def label_settings_of(opts: RunOptions, loaded: LoadedConfig) -> LabelSettings:
@@ -595,6 +652,10 @@ def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
     plugin = device_plugin_of(node)
     collect = lambda: node_state(node, plugin.resource_states)  # noqa: E731
     metrics.add(NodeStateCollector(collect, hostname=metrics.hostname))
+    if node.isolation is not None:
+        from gpuslice.adapters.metrics import IsolationCollector
+
+        metrics.add(IsolationCollector(node.isolation.view, hostname=metrics.hostname))
     sampler, watchdog = node.sampler, node.watchdog
     if sampler is not None:
         from gpuslice.adapters.metrics import AccountingCollector, BudgetCollector
@@ -626,7 +687,7 @@ def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
 
 def accounting(
     opts: RunOptions, api: NodeApi | None, metrics: Metrics, pods: PodResources
-) -> Callable[[NodeDevices], tuple[Sampler, Watchdog | None]]:
+) -> Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]]:
     """The sampler beside the agent and the memory-budget watchdog it feeds. On simulated
     hardware the backend knows its processes' pods; on a node, their cgroups under
     --proc-root do."""
@@ -639,7 +700,7 @@ def accounting(
         owners, kill = cgroups, cgroups.kill
     events = cast(PodEvents, api) if hasattr(api, "record_pod_event") else None
 
-    def build(devices: NodeDevices) -> tuple[Sampler, Watchdog | None]:
+    def build(devices: NodeDevices, limits: Isolation | None) -> tuple[Sampler, Watchdog | None]:
         watchdog = Watchdog(
             opts.memory_budget_policy,
             opts.memory_budgets,
@@ -648,6 +709,7 @@ def accounting(
             kill=kill,
             events=events,
             metrics=metrics,
+            enforced=limits.enforced if limits is not None else frozenset,
         )
         sampler = Sampler(
             devices.on_backend,
@@ -658,6 +720,7 @@ def accounting(
             sampled=metrics.sampled,
             failed=metrics.sample_failed,
             after=watchdog.check,
+            cgroup_used=limits.usage if limits is not None else None,
         )
         return sampler, watchdog
 

@@ -44,6 +44,9 @@ FIGURES = {
     "metrics_scrape_uncached_auth",
     "advise_1000_pods_7d",
     "advise_peak_rss",
+    "isolation_allocate_p99",
+    "isolation_limit_latency",
+    "isolation_cpu_per_100_pods",
 }
 
 

@@ -86,6 +86,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         }
     },
     "accounting-off": {"accounting": {"enabled": False}},
+    "memory-isolation": {"memoryIsolation": {"enabled": True}},
     "memory-budget-terminate": {
         "memoryBudget": {
             "policy": "terminate",

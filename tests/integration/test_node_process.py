@@ -104,3 +104,9 @@ def test_demo_switches_the_config_by_node_label_and_keeps_the_registration() -> 
     assert "nvidia.com/gpu.replicas=8   (was 4)" in out
     assert "GPU 3 stays Unhealthy: 8 replicas" in out
     assert "plugin sockets left behind: none" in out
+    assert "llm-a: pod cgroup made; hard limit 10240 MiB in force" in out
+    assert "refused: process 101: allocating 4000 MiB more is refused (out of memory)" in out
+    assert "llm-a: 8000 MiB in use (the limit's currentUsed): stopped at its limit" in out
+    assert (
+        "llm-b: 10000 MiB in use (the limit's currentUsed): its neighbour, kept allocating" in out
+    )

@@ -55,6 +55,16 @@ def _pod_in(parts: list[str]) -> tuple[int, str] | None:
     return None
 
 
+def pod_uid_of(parents: list[str], name: str) -> str | None:
+    """The pod UID of the cgroup directory `name` under the path components `parents`
+    (relative to the cgroup root), when it is a pod's cgroup in the kubelet's hierarchy."""
+    parts = ["", *parents, name]
+    found = _pod_in(parts)
+    if found is None or found[0] != len(parts) - 1:
+        return None
+    return found[1].replace("_", "-")
+
+
 def owner_of(cgroup_text: str) -> ProcessOwner | None:
     """The pod (and container) of a /proc/<pid>/cgroup file's text; None: in no pod, or
     its lines name different pods (nothing can be proven then)."""

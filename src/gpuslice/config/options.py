@@ -63,6 +63,8 @@ class RunOptions:
     sample_interval_s: float = 10.0
     memory_budgets: Mapping[str, int] = field(default_factory=dict)
     memory_budget_policy: Policy = Policy.REPORT
+    memory_isolation: bool = False
+    cgroup_root: str = "/sys/fs/cgroup"
     mps_control_binary: str = ""
     mps_control_socket: str = ""  # gpuslice mps-control's; empty: daemons started here
     mps_root: str = ""  # as given (flag, env var), not the file's: where past daemons may run
@@ -197,6 +199,8 @@ def resolve_options(
         sample_interval_s=interval_seconds(text("sample-interval")),
         memory_budgets=parse_budgets(text("memory-budget")),
         memory_budget_policy=Policy(text("memory-budget-policy")),
+        memory_isolation=bool(value("memory-isolation")),
+        cgroup_root=text("cgroup-root"),
         mps_control_binary=text("mps-control-binary"),
         mps_control_socket=text("mps-control-socket"),
         mps_root=text("mps-root"),

@@ -17,8 +17,9 @@ from gpuslice.config.flags import apply_flags
 from gpuslice.config.loader import LoadedConfig, load_config_file
 from gpuslice.config.options import RunOptions
 from gpuslice.config.summary import describe
-from gpuslice.config.v1 import Config
+from gpuslice.config.v1 import Config, MemoryIsolation
 from gpuslice.core.errors import ConfigError
+from gpuslice.core.isolation import LimitRule, MemoryPolicy
 from gpuslice.core.settings import LabelSettings, Settings
 
 __all__ = ["Settings", "check_not_truncated", "load_config", "load_settings", "settings_from"]
@@ -66,7 +67,19 @@ def settings_from(
         warnings=loaded.warnings + plugin_warnings,
         blank=loaded.blank,
         labels=label_settings(config),
+        memory=memory_policy(config, opts.memory_isolation),
     )
+
+
+def memory_policy(config: Config, enabled: bool) -> MemoryPolicy:
+    """The per-pod memory limit policy: --memory-isolation, and the config's gpuslice-only
+    memoryIsolation block (absent: every replicated resource's default split)."""
+    block = config.memory_isolation or MemoryIsolation()
+    rules = {
+        name: LimitRule(hard=rule.hard_bytes, soft=rule.soft_bytes, off=rule.off)
+        for name, rule in block.resources.items()
+    }
+    return MemoryPolicy.of(enabled, rules, overcommit=block.allow_overcommit)
 
 
 def label_settings(config: Config) -> LabelSettings:

@@ -30,6 +30,14 @@ def describe(config: Config, *, complete: bool = False) -> str:
         f"deviceIDStrategy: {plugin.device_id_strategy}",
         f"sharedDevicesAllocationPolicy: {plugin.shared_devices_allocation_policy}",
     ]
+    limits = config.memory_isolation  # gpuslice only
+    if limits is not None:
+        over = ", allowOvercommit" if limits.allow_overcommit else ""
+        lines.append(f"memoryIsolation: {len(limits.resources)} override(s){over}")
+        for name, limit in sorted(limits.resources.items()):
+            hard = limit.hard_limit if limit.hard_limit is not None else "its replica's share"
+            soft = f", softLimit {limit.soft_limit}" if limit.soft_limit is not None else ""
+            lines.append(f"  {name}: hardLimit {hard}{soft}")
     return "\n".join(lines)
 
 
@@ -42,4 +50,6 @@ def _devices(devices: str | int | tuple[str | int, ...]) -> str:
 def to_dict(config: Config) -> dict[str, Any]:
     """The config as JSON-ready builtins, keys as in the file (camelCase)."""
     data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(config))
+    if data.get("memoryIsolation") is None:  # gpuslice only: absent, NVIDIA's format stays
+        data.pop("memoryIsolation", None)
     return data

@@ -25,6 +25,7 @@ from gpuslice.config.checks import (
 from gpuslice.config.resource_names import check_servable
 from gpuslice.core.response import LIST_STRATEGIES
 from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
+from gpuslice.core.watchdog import parse_size
 
 VERSION = "v1"
 
@@ -199,6 +200,67 @@ class Imex(_Struct, frozen=True):
             raise FieldError("channelIDs", list(self.channel_ids or ()), EXPECTED["channelIDs"])
 
 
+SIZE_EXPECTED = (
+    'a size in bytes, not negative, such as "8Gi", "512Mi", "10G" or 1073741824 (units: '
+    "Ki Mi Gi Ti Pi, K M G T P)"
+)
+OFF = "off"
+
+
+def _size(field: str, value: str | int | None) -> int | None:
+    """Bytes of a size given as a Kubernetes quantity or an integer; FieldError if bad."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise FieldError(field, value, SIZE_EXPECTED)
+    if isinstance(value, int):
+        if value < 0:
+            raise FieldError(field, value, SIZE_EXPECTED)
+        return value
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise FieldError(field, value, SIZE_EXPECTED) from None
+
+
+class MemoryLimitRule(_Struct, frozen=True):
+    """memoryIsolation.resources.<name> (gpuslice only): one resource's per-replica limits."""
+
+    hard_limit: str | int | None = None  # a size, or "off": no limit for this resource
+    soft_limit: str | int | None = None
+
+    def check(self, at: str) -> None:
+        """FieldError naming `at` (the entry) for a size that is not one."""
+        if self.hard_limit != OFF:
+            _size(f"{at}.hardLimit", self.hard_limit)
+        _size(f"{at}.softLimit", self.soft_limit)
+
+    @property
+    def off(self) -> bool:
+        return self.hard_limit == OFF
+
+    @property
+    def hard_bytes(self) -> int | None:
+        return None if self.off else _size("hardLimit", self.hard_limit)
+
+    @property
+    def soft_bytes(self) -> int:
+        return _size("softLimit", self.soft_limit) or 0
+
+
+class MemoryIsolation(_Struct, frozen=True):
+    """memoryIsolation (gpuslice only; NVIDIA's plugin has no such block): per-resource
+    overrides of the per-pod GPU memory limits that --memory-isolation enforces."""
+
+    allow_overcommit: bool = False
+    resources: dict[str, MemoryLimitRule] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, rule in self.resources.items():
+            resource_name("resources", name)
+            rule.check(f"resources[{name}]")
+
+
 class Config(_Struct, frozen=True):
     """A whole v1 config file."""
 
@@ -207,6 +269,7 @@ class Config(_Struct, frozen=True):
     resources: Resources = msgspec.field(default_factory=Resources)
     sharing: Sharing = msgspec.field(default_factory=Sharing)
     imex: Imex = msgspec.field(default_factory=Imex)
+    memory_isolation: MemoryIsolation | None = None  # gpuslice only
 
     def __post_init__(self) -> None:
         if self.version == "":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice, is_replica, physical_id
 from gpuslice.core.usage import (
@@ -52,6 +52,9 @@ class ContainerUsage:
     shared_with: tuple[str, ...] = ()  # "namespace/pod/container" it cannot be told from
     pod_uid: str = ""  # from the kubelet's checkpoint; "" when it has none
     pids: tuple[int, ...] = ()  # its processes' host PIDs on this GPU, most memory first
+    # Where memory_used_bytes comes from: "processes" (NVML's per-process list, summed) or
+    # "cgroup" (the driver's currentUsed of the pod's memory limit: exact).
+    memory_source: str = "processes"
 
     @property
     def key(self) -> tuple[str, str, str, str, str]:
@@ -221,6 +224,31 @@ def attribute(
         ),
         gpus=tuple(gpus),
     )
+
+
+def with_cgroup_usage(result: Attribution, used: Mapping[tuple[str, str], int]) -> Attribution:
+    """Per-pod memory from the driver's limits: `used` maps (pod UID, GPU UUID) to the
+    currentUsed of the pod's limit there. It replaces the process sum of the pod's one
+    container on that GPU (with several, the pod's total cannot be split: left as is)."""
+    if not used:
+        return result
+    per_pod = Counter((c.pod_uid, c.gpu_uuid) for c in result.containers)
+    totals = {g.gpu_uuid: g.memory_total_bytes for g in result.gpus}
+    out = []
+    for c in result.containers:
+        key = (c.pod_uid, c.gpu_uuid)
+        if c.pod_uid and key in used and per_pod[key] == 1:
+            total = totals.get(c.gpu_uuid, 0)
+            bytes_ = used[key]
+            c = replace(
+                c,
+                memory_used_bytes=bytes_,
+                memory_peak_bytes=max(c.memory_peak_bytes, bytes_),
+                used_share=bytes_ / total if total else c.used_share,
+                memory_source="cgroup",
+            )
+        out.append(c)
+    return replace(result, containers=tuple(out))
 
 
 def _device_lookup(snapshot: HardwareSnapshot) -> dict[str, tuple[Gpu, MigDevice | None]]:

@@ -21,6 +21,7 @@ from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PrepareResult
 from gpuslice.core.dra.health import DeviceHealth
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.isolation import HostFacts, Limit, LimitReading
 from gpuslice.core.metrics import GpuRef
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
 from gpuslice.core.resources import AdvertisedDevice, Resource
@@ -60,6 +61,38 @@ class GpuBackend(Protocol):
 
     def close(self) -> None:
         """Release the backend (NVML shutdown, file handles)."""
+        ...
+
+
+class MemoryLimits(Protocol):
+    """The driver's per-cgroup GPU memory limits (r615): the part of a GpuBackend that
+    sets, reads and clears them. `cgroup` is the cgroup's full path as the host names it
+    (/sys/fs/cgroup/...). Blocking, on the backend worker; BackendError when refused."""
+
+    def limit_problem(self) -> str:
+        """Why the driver cannot set limits ("" when it can)."""
+        ...
+
+    def set_memory_limit(self, gpu_uuid: str, cgroup: str, limit: Limit) -> None: ...
+
+    def memory_limit(self, gpu_uuid: str, cgroup: str) -> LimitReading: ...
+
+    def clear_memory_limit(self, gpu_uuid: str, cgroup: str) -> None: ...
+
+
+class PodCgroups(Protocol):
+    """The kubelet's pod cgroups on the host (adapters.cgroup_tree). Blocking reads."""
+
+    def watched(self) -> tuple[str, ...]:
+        """The directories pod cgroups appear in (the QoS levels of both drivers)."""
+        ...
+
+    def pods(self) -> dict[str, str]:
+        """Pod UID -> its cgroup's full host path, for every pod cgroup there now."""
+        ...
+
+    def facts(self, driver: str) -> HostFacts:
+        """The cgroup version and the dmem controller, with the driver's `driver` problem."""
         ...
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.health_state import RecoveryPolicy
+from gpuslice.core.isolation import MemoryPolicy
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.sharing import ResourceSettings
 
@@ -30,6 +31,7 @@ class Settings:
     warnings: tuple[str, ...] = ()
     blank: bool = False  # the document had no content (see LoadedConfig.blank)
     labels: LabelSettings = field(default_factory=lambda: LabelSettings())
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)  # per-pod GPU memory limits
 
     @property
     def shown(self) -> str:

@@ -40,8 +40,14 @@ LabelSource = Callable[[], Awaitable[Mapping[str, str]]]
 NodeState = Callable[[], Awaitable[tuple[HardwareSnapshot, ResourceSettings]]]
 
 
-def snapshot_labels(read: NodeState, *, machine: str | None = None) -> LabelSource:
-    """A LabelSource over core.labels; its warnings are logged when they change."""
+def snapshot_labels(
+    read: NodeState,
+    *,
+    machine: str | None = None,
+    more: Callable[[], Mapping[str, str]] | None = None,  # e.g. Isolation.labels
+) -> LabelSource:
+    """A LabelSource over core.labels (and `more`'s); its warnings are logged when they
+    change."""
     seen: tuple[str, ...] = ()
 
     async def compute() -> Mapping[str, str]:
@@ -52,7 +58,7 @@ def snapshot_labels(read: NodeState, *, machine: str | None = None) -> LabelSour
             for warning in result.warnings:
                 log.warning("label_warning", detail=warning)
             seen = result.warnings
-        return result.labels
+        return {**result.labels, **more()} if more is not None else result.labels
 
     return compute
 

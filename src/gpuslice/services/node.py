@@ -18,6 +18,7 @@ from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.agent import Agent
 from gpuslice.services.config_manager import ConfigManager
+from gpuslice.services.isolation import Isolation
 from gpuslice.services.labeller import Labeller, snapshot_labels
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.sampler import Sampler
@@ -47,8 +48,12 @@ class NodeDeps:
     config: Callable[[Apply], ConfigManager[Settings]]
     labels: LabelOptions | None = None
     # Builds the accounting sampler (and the memory-budget watchdog it feeds) over the
-    # node's devices.
-    accounting: Callable[[NodeDevices], tuple[Sampler, Watchdog | None]] | None = None
+    # node's devices, reading per-pod memory from the limits where they are in force.
+    accounting: (
+        Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]] | None
+    ) = None
+    # Builds the service that keeps per-pod GPU memory limits in force (--memory-isolation).
+    isolation: Callable[[NodeDevices], Isolation] | None = None
 
 
 class Node:
@@ -57,11 +62,16 @@ class Node:
         self.agent = deps.agent
         self.devices = deps.agent.node
         self.manager = deps.config(self._apply)
-        self.labeller = _labeller(self.devices, deps.labels) if deps.labels else None
+        self.isolation = deps.isolation(self.devices) if deps.isolation else None
+        self.labeller = (
+            _labeller(self.devices, deps.labels, self.isolation) if deps.labels else None
+        )
+        if self.isolation is not None and self.labeller is not None:
+            self.isolation.notify = self.labeller.nudge
         self.sampler: Sampler | None = None
         self.watchdog: Watchdog | None = None
         if deps.accounting is not None:
-            self.sampler, self.watchdog = deps.accounting(self.devices)
+            self.sampler, self.watchdog = deps.accounting(self.devices, self.isolation)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once every front-end serves and is known to the kubelet, or waits to take
@@ -90,6 +100,8 @@ class Node:
             details["cdi"] = {"ok": False, "detail": cdi_problem}
         if self.labeller is not None:  # reported, never a reason to be unready
             details["labels"] = self.labeller.status()
+        if self.isolation is not None:  # reported, never a reason to be unready
+            details["memoryIsolation"] = self.isolation.status()
         return ready, details
 
     async def reload(self) -> bool:
@@ -109,6 +121,8 @@ class Node:
                     tasks.create_task(self._label(stop))
                 if self.sampler is not None:
                     tasks.create_task(self._sample(stop))
+                if self.isolation is not None:
+                    tasks.create_task(self._isolate(stop))
         except* GpusliceError as group:
             failed = group.exceptions[0]  # type: ignore[assignment]
         if failed is not None:  # raised out here: Python before 3.11.4 would wrap it in a group
@@ -133,6 +147,12 @@ class Node:
             log.info("sampling_started", interval_s=self.sampler.interval_s)
             await self.sampler.run(stop)
 
+    async def _isolate(self, stop: asyncio.Event) -> None:
+        """Per-pod memory limits once the agent serves (its resources give the shares)."""
+        assert self.isolation is not None
+        if await self._until_ready(stop):
+            await self.isolation.run(stop)
+
     async def _until_ready(self, stop: asyncio.Event) -> bool:
         """Wait for the agent to be ready; False when stopped first."""
         waiter = asyncio.create_task(self.agent.ready.wait())
@@ -143,12 +163,13 @@ class Node:
         return not stop.is_set()
 
 
-def _labeller(devices: NodeDevices, opts: LabelOptions) -> Labeller:
+def _labeller(devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None) -> Labeller:
     async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
         return devices.snapshot, devices.settings.resources
 
+    more = isolation.labels if isolation is not None else None
     return Labeller(
-        snapshot_labels(read, machine=opts.machine),
+        snapshot_labels(read, machine=opts.machine, more=more),
         opts.sinks,
         interval_s=opts.interval_s,
         timestamps=opts.timestamps,

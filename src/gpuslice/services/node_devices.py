@@ -23,6 +23,7 @@ import structlog
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
+from gpuslice.core.isolation import check_policy
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.mps import plan_daemons
 from gpuslice.core.ports import (
@@ -175,6 +176,7 @@ class NodeDevices:
         settings: Settings,
         resources: Sequence[Resource],
     ) -> DevicePlan:
+        check_policy(resources, settings.memory)  # ConfigError: refused like any config
         mps, root = self.mps, settings.allocate.mps_root
         pinned = mps.pinned_limit_mib if mps else 0
         daemons = plan_daemons(resources, snapshot.gpus, root, pinned_limit_mib=pinned)

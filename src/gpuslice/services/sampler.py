@@ -12,13 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
 import structlog
 
-from gpuslice.core.attribution import Attribution, attribute, with_pod_uids
+from gpuslice.core.attribution import (
+    Attribution,
+    attribute,
+    with_cgroup_usage,
+    with_pod_uids,
+)
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import GpuBackend, PodResources, ProcessOwners
@@ -29,6 +34,7 @@ log = structlog.get_logger("gpuslice.sampler")
 DEFAULT_INTERVAL = "10s"
 # fn(backend) on the backend worker: Agent.on_backend.
 OnBackend = Callable[[Callable[[GpuBackend], "Reading"]], Awaitable["Reading"]]
+CgroupUsed = Callable[[GpuBackend], Mapping[tuple[str, str], int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +44,7 @@ class Reading:
     sample: ProcessSample
     owners: dict[int, ProcessOwner]
     uids: tuple[CheckpointEntry, ...]
+    cgroup_used: Mapping[tuple[str, str], int]  # (pod UID, GPU UUID) -> the limit's currentUsed
 
 
 class Sampler:
@@ -53,7 +60,9 @@ class Sampler:
         sampled: Callable[[float, float], None] | None = None,  # e.g. Metrics.sampled
         failed: Callable[[], None] | None = None,  # e.g. Metrics.sample_failed
         after: Callable[[Attribution], Awaitable[None]] | None = None,  # e.g. Watchdog.check
+        cgroup_used: CgroupUsed | None = None,  # e.g. Isolation.usage: exact per-pod memory
     ) -> None:
+        self._cgroup_used = cgroup_used
         self._on_backend = on_backend
         self._hardware = hardware
         self._pods = pod_resources
@@ -71,7 +80,8 @@ class Sampler:
     def _read(self, backend: GpuBackend) -> Reading:
         sample = backend.processes()
         owners = self._owners if self._owners is not None else cast(ProcessOwners, backend)
-        return Reading(sample, dict(owners.owners(sample.pids())), self._pods.pod_uids())
+        used = self._cgroup_used(backend) if self._cgroup_used is not None else {}
+        return Reading(sample, dict(owners.owners(sample.pids())), self._pods.pod_uids(), used)
 
     async def sample_once(self) -> Attribution | None:
         """Take one sample; on failure keep the last attribution and say why."""
@@ -88,8 +98,11 @@ class Sampler:
             return None
         allocations = with_pod_uids(listed, reading.uids)
         peaks = self.latest.peaks() if self.latest is not None else None
-        self.latest = attribute(
-            self._hardware(), reading.sample, allocations, allocatable, reading.owners, peaks
+        self.latest = with_cgroup_usage(
+            attribute(
+                self._hardware(), reading.sample, allocations, allocatable, reading.owners, peaks
+            ),
+            reading.cgroup_used,
         )
         if self.error is not None:
             log.info("sample_recovered")

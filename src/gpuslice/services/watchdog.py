@@ -30,7 +30,10 @@ class Watchdog:
         kill: Callable[[int], None],  # SIGKILL a host PID proven in its container
         events: PodEvents | None,
         metrics: Metrics,
+        enforced: Callable[[], frozenset[str]] = frozenset,  # GPUs the driver's limits bound
     ) -> None:
+        self._enforced = enforced
+        self.stood_down: frozenset[str] = frozenset()  # GPUs left to the driver's limits
         self.policy = policy
         self._overrides = dict(overrides)
         self._hardware = hardware
@@ -45,7 +48,12 @@ class Watchdog:
 
     async def check(self, result: Attribution) -> None:
         """Act on one sample's containers over budget."""
-        self.latest = budgets(self._hardware(), result.containers, self._overrides)
+        enforced = self._enforced()
+        if enforced != self.stood_down:  # nothing there can go over: the driver refuses first
+            log.info("memory_budget_enforced_by_driver", gpus=sorted(enforced), action="none")
+            self.stood_down = enforced
+        watched = [c for c in result.containers if c.gpu_uuid not in enforced]
+        self.latest = budgets(self._hardware(), watched, self._overrides)
         decision = decide(self.policy, self.latest, self._over)
         self._over = decision.over
         if decision.held != self._held:

@@ -407,6 +407,8 @@ UPSTREAM = {
     "accounting": ("GPUSLICE_ACCOUNTING", None),
     "proc-root": ("GPUSLICE_PROC_ROOT", None),
     "memory-budget-policy": ("GPUSLICE_MEMORY_BUDGET_POLICY", None),
+    "memory-isolation": ("GPUSLICE_MEMORY_ISOLATION", None),
+    "cgroup-root": ("GPUSLICE_CGROUP_ROOT", None),
     "memory-budget": ("GPUSLICE_MEMORY_BUDGET", None),
     "dra": ("GPUSLICE_DRA", None),
     "dra-driver-name": ("GPUSLICE_DRA_DRIVER_NAME", None),
@@ -493,6 +495,8 @@ def test_inspect_takes_only_what_changes_its_report() -> None:
         # --dra: the ResourceSlices of the node, named after it
         "dra", "dra-driver-name", "dra-device-plugin-resources", "dra-consumable-shares",
         "dra-taint-unhealthy", "node-name",
+        # the cgroup facts of each GPU's memory isolation
+        "cgroup-root",
     }  # fmt: skip
 
 

@@ -230,7 +230,8 @@ def test_invalid_value_names_path_value_and_what_is_allowed(text: str, message: 
         ),
         (
             "zzz: 1",
-            "zzz: unknown field; known fields here: version, flags, resources, sharing, imex",
+            "zzz: unknown field; known fields here: version, flags, resources, sharing, imex, "
+            "memoryIsolation",
         ),
         (
             "flags: {'mig strategy': none}",

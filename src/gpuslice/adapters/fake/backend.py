@@ -14,6 +14,8 @@ from gpuslice.adapters.fake.events import EventFile, parse_event
 from gpuslice.adapters.fake.processes import ProcessTable
 from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
+from gpuslice.core.errors import BackendError
+from gpuslice.core.isolation import UNLIMITED, Limit, LimitReading, driver_problem
 from gpuslice.core.usage import ProcessOwner, ProcessSample
 
 _log = structlog.get_logger()
@@ -45,6 +47,7 @@ class FakeBackend:
         self._lost: set[str] = set()
         self._processes = ProcessTable(snapshot)
         self._warnings: list[str] = []
+        self._refused: list[str] = []  # allocations refused past a hard limit, oldest first
         self._lock = threading.Lock()
         self._closed = threading.Event()
         parents = {m.uuid: g.uuid for g in snapshot.gpus for m in g.mig_devices}
@@ -94,6 +97,52 @@ class FakeBackend:
             self._ingest()
             return self._processes.owners(pids)
 
+    @property
+    def refused(self) -> tuple[str, ...]:
+        """One line per allocation refused past a cgroup's hard limit."""
+        with self._lock:
+            self._ingest()
+            return tuple(self._refused)
+
+    # The MemoryLimits port: the driver's per-cgroup limits, as r615 applies them.
+
+    def limit_problem(self) -> str:
+        """As a real driver of the node's version: r615 and later have the calls."""
+        return driver_problem(self._snapshot.driver_version, has_calls=True)
+
+    def set_memory_limit(self, gpu_uuid: str, cgroup: str, limit: Limit) -> None:
+        with self._lock:
+            self._limited_gpu(gpu_uuid)
+            self._processes.set_limit(gpu_uuid, cgroup, limit)
+
+    def memory_limit(self, gpu_uuid: str, cgroup: str) -> LimitReading:
+        with self._lock:
+            self._limited_gpu(gpu_uuid)
+            limit = self._processes.limit(gpu_uuid, cgroup)
+            used = self._processes.used_in(gpu_uuid, cgroup)
+            if limit is None:
+                return LimitReading(0, UNLIMITED, used)
+            return LimitReading(limit.soft, limit.hard, used)
+
+    def clear_memory_limit(self, gpu_uuid: str, cgroup: str) -> None:
+        with self._lock:
+            self._limited_gpu(gpu_uuid)
+            self._processes.set_limit(gpu_uuid, cgroup, None)
+
+    def _limited_gpu(self, gpu_uuid: str) -> None:
+        """The GPU a limit call names, as the driver answers for it (holding the lock)."""
+        self._ingest()
+        gpu = self._snapshot.gpu_by_uuid(gpu_uuid)
+        if gpu is None:
+            raise BackendError(f"no GPU {gpu_uuid} on this node")
+        if gpu.mig_enabled:
+            raise BackendError(f"GPU {gpu.index}: memory limits are not supported with MIG")
+        if gpu_uuid in self._lost:
+            raise BackendError(f"GPU {gpu.index}: GPU is lost", transient=True)
+        problem = self.limit_problem()
+        if problem:
+            raise BackendError(f"memory limits on GPU {gpu.index}: {problem}")
+
     def close(self) -> None:
         self._closed.set()
         with self._lock:
@@ -117,7 +166,10 @@ class FakeBackend:
             if event is None:
                 continue
             if not isinstance(event, HealthEvent):
-                self._processes.apply(event)
+                refused = self._processes.apply(event)
+                if refused is not None:
+                    self._refused.append(refused)
+                    _log.warning("fake_allocation_refused", detail=refused)
                 continue
             if event.kind == "lost" or event.xid == FALLEN_OFF_THE_BUS_XID:
                 self._lost.add(event.gpu_uuid)

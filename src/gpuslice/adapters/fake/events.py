@@ -4,8 +4,9 @@ Each complete line is one event about one GPU (by index or UUID):
 {"gpu": 0, "xid": 79}, {"gpu": "GPU-...", "xid": 48}, {"gpu": 0, "lost": true},
 {"gpu": 0, "recovered": true}, and MIG-scoped {"gpu": 0, "mig": 1, "xid": 31}
 (the parent's MIG device at that index). Lines with "process" or "process_exit"
-change the simulated processes (fake.processes). A line without its newline yet
-is left for a later read.
+change the simulated processes, and {"allocate": {"pid": 4242, "memory_mib": 512}} makes
+one allocate more (refused past its pod's hard limit; fake.processes). A line without its
+newline yet is left for a later read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from pathlib import Path
 
 import structlog
 
-from gpuslice.adapters.fake.processes import ProcessExit, SimProcess, find_gpu, parse_process
+from gpuslice.adapters.fake.processes import (
+    Allocation,
+    ProcessExit,
+    SimProcess,
+    find_gpu,
+    parse_allocate,
+    parse_process,
+)
 from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 
 _log = structlog.get_logger()
@@ -136,7 +144,7 @@ class EventFile:
 
 def parse_event(
     line: bytes, snapshot: HardwareSnapshot
-) -> HealthEvent | SimProcess | ProcessExit | None:
+) -> HealthEvent | SimProcess | ProcessExit | Allocation | None:
     """One line -> an event or a process change; None for a blank line. ValueError
     says what is wrong."""
     if len(line) > MAX_LINE:
@@ -154,6 +162,10 @@ def parse_event(
         raise ValueError("not a JSON object")
     if "process" in data or "process_exit" in data:
         return _process_change(data, snapshot)
+    if "allocate" in data:
+        if len(data) != 1:
+            raise ValueError('"allocate" lines have no other key')
+        return parse_allocate(data["allocate"])
     unknown = sorted(set(data) - EVENT_KEYS)
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(EVENT_KEYS))})")

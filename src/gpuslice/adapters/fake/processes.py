@@ -2,7 +2,13 @@
 
 {"process": {"pid": 4242, "gpu": 0, "memory_mib": 1200, "pod_uid": "...",
 "container_id": "...", "mig": 1, "sm_util": 35}} starts a process or changes it
-(the same pid again: it grew, moved or left its pod); {"process_exit": 4242} ends it.
+(the same pid again: it grew, moved or left its pod); {"process_exit": 4242} ends it;
+{"allocate": {"pid": 4242, "memory_mib": 512}} makes it allocate more.
+
+Per-cgroup memory limits are modelled as the driver applies them: a limit set on a
+pod's (or a container's) cgroup for a GPU bounds what the processes of that cgroup
+hold there together. Growing past the hard limit is refused (out of memory): the
+process keeps what it had, and the refusal is reported.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from gpuslice.adapters.cgroups import owner_of
 from gpuslice.core.devices import Gpu, HardwareSnapshot
+from gpuslice.core.isolation import Limit
 from gpuslice.core.usage import (
     UTIL_MIG,
     DeviceProcesses,
@@ -36,6 +44,27 @@ class SimProcess:
 @dataclass(frozen=True, slots=True)
 class ProcessExit:
     pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A process allocating `memory_mib` more on its device."""
+
+    pid: int
+    memory_mib: int
+
+
+ALLOCATE_KEYS = frozenset({"pid", "memory_mib"})
+
+
+def parse_allocate(data: object) -> Allocation:
+    """The value of an "allocate" line; ValueError says what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError('"allocate" must be an object')
+    unknown = sorted(set(data) - ALLOCATE_KEYS)
+    if unknown:
+        raise ValueError(f"allocate: unknown key {unknown[0]!r} (allowed: memory_mib, pid)")
+    return Allocation(_count(data, "pid", minimum=1), _count(data, "memory_mib", minimum=1))
 
 
 def parse_process(data: Mapping[str, object], snapshot: HardwareSnapshot) -> SimProcess:
@@ -96,11 +125,66 @@ class ProcessTable:
             p.pid: SimProcess(p.pid, g.uuid, p.used_mib) for g in snapshot.gpus for p in g.processes
         }
 
-    def apply(self, change: SimProcess | ProcessExit) -> None:
+        self._limits: dict[tuple[str, str], Limit] = {}  # (GPU UUID, cgroup path)
+        self._parent = {m.uuid: g.uuid for g in snapshot.gpus for m in g.mig_devices}
+
+    def apply(self, change: SimProcess | ProcessExit | Allocation) -> str | None:
+        """Apply one change; a refused allocation returns why (nothing else changes)."""
         if isinstance(change, ProcessExit):
             self._procs.pop(change.pid, None)
-        else:
+            return None
+        if isinstance(change, Allocation):
+            held = self._procs.get(change.pid)
+            if held is None:
+                return f"allocate: no simulated process {change.pid}"
+            change = SimProcess(
+                held.pid, held.device, held.memory_mib + change.memory_mib, held.sm_util, held.owner
+            )
+        old = self._procs.get(change.pid)
+        kept = old.memory_mib if old is not None and old.device == change.device else 0
+        refused = self._over_limit(change, change.memory_mib - kept)
+        if refused is None:
             self._procs[change.pid] = change
+            return None
+        if old is None:  # its first allocation failed: it runs, holding nothing there
+            self._procs[change.pid] = SimProcess(change.pid, change.device, 0, 0, change.owner)
+        return refused
+
+    def set_limit(self, gpu_uuid: str, cgroup: str, limit: Limit | None) -> None:
+        if limit is None:
+            self._limits.pop((gpu_uuid, cgroup), None)
+        else:
+            self._limits[(gpu_uuid, cgroup)] = limit
+
+    def limit(self, gpu_uuid: str, cgroup: str) -> Limit | None:
+        return self._limits.get((gpu_uuid, cgroup))
+
+    def used_in(self, gpu_uuid: str, cgroup: str) -> int:
+        """Bytes the processes of `cgroup` hold on the GPU (the limit's currentUsed)."""
+        return sum(
+            p.memory_mib * MIB
+            for p in self._procs.values()
+            if self._gpu_of(p.device) == gpu_uuid and _inside(p.owner, cgroup)
+        )
+
+    def _gpu_of(self, device: str) -> str:
+        return self._parent.get(device, device)
+
+    def _over_limit(self, proc: SimProcess, grow_mib: int) -> str | None:
+        if grow_mib <= 0 or proc.owner is None:
+            return None
+        gpu = self._gpu_of(proc.device)
+        for (limited, cgroup), limit in sorted(self._limits.items()):
+            if limited != gpu or not _inside(proc.owner, cgroup):
+                continue
+            used = self.used_in(gpu, cgroup)
+            if used + grow_mib * MIB > limit.hard:
+                return (
+                    f"process {proc.pid}: allocating {grow_mib} MiB more is refused (out of "
+                    f"memory): its cgroup holds {used // MIB} MiB of a {limit.hard // MIB} MiB "
+                    "hard limit"
+                )
+        return None
 
     def sample(self) -> ProcessSample:
         by_device: dict[str, list[SimProcess]] = {}
@@ -115,6 +199,14 @@ class ProcessTable:
             if proc is not None and proc.owner is not None:
                 out[pid] = proc.owner
         return out
+
+
+def _inside(owner: ProcessOwner | None, cgroup: str) -> bool:
+    """The process runs in `cgroup` (a pod's, or one container's of it)."""
+    where = owner_of(cgroup)
+    if owner is None or where is None or where.pod_uid != owner.pod_uid:
+        return False
+    return not where.container_id or where.container_id == owner.container_id
 
 
 def _gpu_sample(gpu: Gpu, by_device: Mapping[str, list[SimProcess]]) -> GpuSample:

@@ -2,6 +2,7 @@
 
 from gpuslice.adapters.metrics.accounting import AccountingCollector
 from gpuslice.adapters.metrics.budget import BudgetCollector
+from gpuslice.adapters.metrics.isolation import IsolationCollector
 from gpuslice.adapters.metrics.prometheus import CONTENT_TYPE, PrometheusMetrics
 from gpuslice.adapters.metrics.state import NodeStateCollector
 
@@ -9,6 +10,7 @@ __all__ = [
     "CONTENT_TYPE",
     "AccountingCollector",
     "BudgetCollector",
+    "IsolationCollector",
     "NodeStateCollector",
     "PrometheusMetrics",
 ]

@@ -10,11 +10,13 @@ from typing import Any
 
 import pynvml
 
+from gpuslice.adapters.nvml import limits
 from gpuslice.adapters.nvml.events import EventWatch
 from gpuslice.adapters.nvml.inventory import Inventory
 from gpuslice.adapters.nvml.processes import ProcessReader
 from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
+from gpuslice.core.isolation import Limit, LimitReading
 from gpuslice.core.usage import ProcessSample
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
@@ -156,6 +158,20 @@ class NvmlBackend:
             return False
         self._events.answering(gpu_uuid)
         return True
+
+    # The MemoryLimits port (adapters.nvml.limits).
+
+    def limit_problem(self) -> str:
+        return limits.limit_problem(self._nv)
+
+    def set_memory_limit(self, gpu_uuid: str, cgroup: str, limit: Limit) -> None:
+        limits.set_limit(self._nv, gpu_uuid, cgroup, limit)
+
+    def memory_limit(self, gpu_uuid: str, cgroup: str) -> LimitReading:
+        return limits.read_limit(self._nv, gpu_uuid, cgroup)
+
+    def clear_memory_limit(self, gpu_uuid: str, cgroup: str) -> None:
+        limits.clear_limit(self._nv, gpu_uuid, cgroup)
 
     def close(self) -> None:
         if not self._open:

@@ -36,7 +36,9 @@ from gpuslice.core.dra.devices import DraDevice, DraOptions
 from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
+from gpuslice.core.isolation_dra import claim_limits, claim_pods
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState
+from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
 
@@ -57,7 +59,9 @@ class DraDriver:
         specs: ClaimSpecs,
         control_devices: Sequence[str] = (),
         clock: Callable[[], float] = time.time,
+        shares: ClaimShares | None = None,  # per-pod memory limits (--memory-isolation)
     ) -> None:
+        self.shares = shares
         self.node = node
         self.opts = opts
         self._view = view
@@ -197,6 +201,10 @@ class DraDriver:
             if spec:
                 await self._remove_quietly(spec)
             return self._refused(ref, f"claim {ref}: {exc}")
+        if self.shares is not None:  # the pods' memory limits follow (services.isolation)
+            limits = claim_limits(obj, claim, devices, self._view.snapshot, settings.memory,
+                                  self.driver)  # fmt: skip
+            self.shares.put(ref.uid, claim_pods(obj), limits)
         log.info("dra_claim_prepared", claim=str(ref), uid=ref.uid,
                  devices=",".join(d.device for d in result),
                  ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
@@ -215,6 +223,8 @@ class DraDriver:
             log.error("dra_unprepare_failed", claim=str(done.ref), uid=ref.uid, error=str(exc))
             return f"claim {done.ref}: {exc}"
         self.prepared = remaining
+        if self.shares is not None:
+            self.shares.drop(ref.uid)
         log.info("dra_claim_unprepared", claim=str(done.ref), uid=ref.uid)
         return ""
 
