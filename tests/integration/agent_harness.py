@@ -133,7 +133,7 @@ class RunningAgent:
     def gpu_uuid(self, index: int) -> str:
         return self.devices.snapshot.gpus[index].uuid
 
-    async def registered(self, kubelet: KubeletStandin, timeout_s: float = 5.0) -> None:
+    async def registered(self, kubelet: KubeletStandin, timeout_s: float = 30.0) -> None:
         """Wait until the stand-in streams every resource the agent serves, all healthy."""
         want = self.served
         await kubelet.wait_for(lambda k: serving(k, want), timeout_s)
@@ -143,7 +143,7 @@ class RunningAgent:
         with open(self.events_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(event) + "\n")
 
-    async def until_ready(self, timeout_s: float = 5.0) -> None:
+    async def until_ready(self, timeout_s: float = 30.0) -> None:
         """Wait for `agent.ready`, failing at once with the agent's error if it stops first."""
         waiter = asyncio.ensure_future(self.agent.ready.wait())
         done, _ = await asyncio.wait(

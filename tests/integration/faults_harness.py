@@ -77,7 +77,7 @@ async def no_leaks(before: Census, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
         await asyncio.sleep(0.02)
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     """Poll a condition no event announces (a counter inside the agent, a log entry,
     a call on the agent's worker thread); fail naming `what`."""
     deadline = time.monotonic() + timeout_s

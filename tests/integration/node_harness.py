@@ -68,7 +68,7 @@ class RecordingSink:
     async def remove(self) -> None:
         await self.inner.remove()
 
-    async def wait_published(self, timeout_s: float = 5.0) -> dict[str, str]:
+    async def wait_published(self, timeout_s: float = 30.0) -> dict[str, str]:
         """The labels of the first publish (at once if there was one)."""
         async with self._cond:
             await asyncio.wait_for(self._cond.wait_for(lambda: bool(self.published)), timeout_s)
@@ -96,7 +96,7 @@ class GatedOpen:
             raise BackendError("the test never released the backend's open")
         return FakeBackend.from_spec(self.hardware, self._events)
 
-    async def wait_opening(self, timeout_s: float = 5.0) -> None:
+    async def wait_opening(self, timeout_s: float = 30.0) -> None:
         assert await asyncio.to_thread(self.opening.wait, timeout_s), "the open never started"
 
 
@@ -131,7 +131,7 @@ class RunningNode:
         """What the kubelet does after the ConfigMap object was edited."""
         write_configmap_volume(self.configs, data)
 
-    async def checked(self, seen: int, done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async def checked(self, seen: int, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
         """Wait until the manager finished a read after `seen` and `done()` holds."""
 
         async def settle() -> None:
@@ -143,7 +143,7 @@ class RunningNode:
 
         await asyncio.wait_for(settle(), timeout_s)
 
-    async def until_started(self, timeout_s: float = 5.0) -> None:
+    async def until_started(self, timeout_s: float = 30.0) -> None:
         waiter = asyncio.ensure_future(self.node.agent.ready.wait())
         done, _ = await asyncio.wait(
             {waiter, self.task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED

@@ -205,7 +205,7 @@ class FileReader:
         self._stop.set()
         self._thread.join(5)
 
-    async def until(self, line: str, timeout_s: float = 5.0) -> None:
+    async def until(self, line: str, timeout_s: float = 30.0) -> None:
         event = self._seen.setdefault(line, asyncio.Event())
         await asyncio.wait_for(event.wait(), timeout_s)
 

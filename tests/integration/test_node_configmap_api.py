@@ -102,7 +102,7 @@ class Cluster:
         assert ready, details  # every resource served and registered, whatever the API does
         return dict(details["config"])
 
-    async def settles(self, done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async def settles(self, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
         """Wait until `done()` holds, checking after each read the manager finishes (a
         change of the ConfigMap, of the label, or of the watch's trouble)."""
         manager = self.node.manager

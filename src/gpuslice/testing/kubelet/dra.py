@@ -95,7 +95,7 @@ class DraKubeletStandin:
 
     # registration
 
-    async def discover(self, driver: str, timeout_s: float = 5.0) -> DraPlugin:
+    async def discover(self, driver: str, timeout_s: float = 30.0) -> DraPlugin:
         """Wait for `driver`'s registration socket, register the plugin, dial it."""
         path = os.path.join(self.registry_dir, f"{driver}-reg.sock")
         deadline = time.monotonic() + timeout_s

@@ -349,9 +349,10 @@ class KubeletStandin:
             self._cond.notify_all()
 
     async def wait_for(
-        self, predicate: Callable[[KubeletStandin], bool], timeout_s: float = 5.0
+        self, predicate: Callable[[KubeletStandin], bool], timeout_s: float = 30.0
     ) -> None:
-        """Return once predicate(self) holds, re-checked on every state change."""
+        """Return once predicate(self) holds, re-checked on every state change. The default
+        limit only detects a hang: it is no budget a loaded machine could miss."""
         async with self._cond:
             try:
                 await asyncio.wait_for(self._cond.wait_for(lambda: predicate(self)), timeout_s)
