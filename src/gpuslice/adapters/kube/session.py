@@ -10,6 +10,7 @@ raises WatchGone or WatchBroken instead.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -29,8 +30,10 @@ from gpuslice.adapters.kube import objects
 from gpuslice.adapters.kube.bounded import bound_answers
 from gpuslice.adapters.kube.watch import (
     OPENED,
+    WATCH_TIMEOUT_S,
     NodeState,
     State,
+    Unreachable,
     WatchBroken,
     WatchEvent,
     WatchGone,
@@ -86,9 +89,16 @@ def make_client(kubeconfig: str | None) -> AsyncClient:
 class ApiSession:
     """The handful of API calls the agent makes, over one lightkube AsyncClient."""
 
-    def __init__(self, client: AsyncClient, *, watch_timeout_s: int) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
+        rand: random.Random | None = None,
+    ) -> None:
         self._client = client
         self._watch_timeout_s = watch_timeout_s
+        self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         # lightkube's public watch() cannot ask for bookmarks, so the watch goes through
         # the client's own httpx2 client (base URL, TLS and auth already set up).
         self._http: httpx2.AsyncClient = client._client._client
@@ -133,16 +143,19 @@ class ApiSession:
     ) -> AsyncGenerator[WatchEvent[T], None]:
         """One watch request on one object of the collection at `path`: OPENED once the
         server answered, then its events until the server ends the watch."""
+        # Each watch asks for its own timeout, so a fleet's watches do not all end (and
+        # re-open) together, as client-go's reflector does it.
+        seconds = self._rand.randint(*self._watch_timeout_s)
         params = {
             "watch": "true",
             "fieldSelector": f"metadata.name={name}",
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._watch_timeout_s),
+            "timeoutSeconds": str(seconds),
         }
         if version:
             params["resourceVersion"] = version
         # The server ends the watch after timeoutSeconds; longer silence means a dead link.
-        timeout = httpx2.Timeout(10.0, read=self._watch_timeout_s + 30.0)
+        timeout = httpx2.Timeout(10.0, read=seconds + 30.0)
         try:
             async with self._http.stream("GET", path, params=params, timeout=timeout) as resp:
                 if resp.status_code != 200:
@@ -152,7 +165,8 @@ class ApiSession:
                 async for line in _lines(resp.aiter_bytes(), MAX_EVENT_BYTES):
                     yield _decode_event(line, project)
         except httpx2.HTTPError as exc:  # transport, or a body that does not decode
-            raise WatchBroken(f"watch {what}: {_one_line(exc)}") from exc
+            unreachable = isinstance(exc, httpx2.TransportError)
+            raise WatchBroken(f"watch {what}: {_one_line(exc)}", unreachable=unreachable) from exc
 
     async def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -258,9 +272,8 @@ class ApiSession:
         try:
             yield
         except httpx2.TransportError as exc:
-            raise BackendError(
-                f"{what}: Kubernetes API at {self.server} unreachable: {_one_line(exc)}",
-                transient=True,
+            raise Unreachable(
+                f"{what}: Kubernetes API at {self.server} unreachable: {_one_line(exc)}"
             ) from exc
         except httpx2.HTTPStatusError as exc:
             code = exc.response.status_code
