@@ -407,7 +407,10 @@ def build_node(
             await api.record_event(opts.node_name, MPS_WAITING_REASON, message, warning=True)
 
         mps.notify = mps_waiting
-    return Node(NodeDeps(node_agent, manager, labels, accounting))
+    deps = NodeDeps(node_agent, manager, labels, accounting)
+    if api is not None:
+        deps.watch_trouble = lambda: api.watch_trouble
+    return Node(deps)
 
 
 def label_settings_of(opts: RunOptions, loaded: LoadedConfig) -> LabelSettings:

@@ -223,6 +223,12 @@ class NodeApi(Protocol):
         fails), then each time it or its trouble changes; resumes as the Node watch does."""
         ...
 
+    @property
+    def watch_trouble(self) -> str | None:
+        """Why watches followed now are down (they are retried; what they last said
+        serves), one line; None while every watch holds."""
+        ...
+
     async def publish_node_feature(
         self, node: str, namespace: str, labels: Mapping[str, str]
     ) -> bool:

@@ -99,6 +99,11 @@ class MemoryNodeApi:
 
     # the NodeApi port
 
+    @property
+    def watch_trouble(self) -> str | None:
+        watched = bool(self._watchers) or bool(self._map_watchers)
+        return None if self._reachable or not watched else _UNREACHABLE
+
     async def node_labels(self, node: str) -> dict[str, str]:
         self._check(f"read node {node}")
         if node not in self._nodes:
