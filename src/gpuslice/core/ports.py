@@ -240,6 +240,14 @@ class NodeApi(Protocol):
         """A Kubernetes Event on the Node (best effort: never raises)."""
         ...
 
+    async def report_config_problem(
+        self, namespace: str, name: str, reason: str, message: str
+    ) -> bool:
+        """A problem of the shared ConfigMap, reported once for the whole cluster (one
+        Warning Event on it, which every node finding the same problem shares); False when
+        it could not be reported (best effort: never raises)."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections."""
         ...

@@ -11,6 +11,7 @@ import dataclasses
 import random
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 import structlog
@@ -38,6 +39,8 @@ _log = structlog.get_logger()
 
 T = TypeVar("T")
 _WRITE_ATTEMPTS = 3  # a 409 (changed meanwhile) is retried from a fresh read
+# A shared problem's Event found this old is bumped, so it shows as still current.
+REPORT_AGAIN_S = 600.0
 
 
 class KubeNodeApi:
@@ -84,6 +87,7 @@ class KubeNodeApi:
         self._host = host
         self._backoff_s = backoff_s
         self._uids: dict[str, str] = {}
+        self._config_map_uids: dict[tuple[str, str], str] = {}
         self._owners: dict[str, list[objects.OwnerRef]] = {}
 
     @property
@@ -138,9 +142,13 @@ class KubeNodeApi:
 
         async def read() -> State[ConfigMapView]:
             try:
-                return await self._session.read_config_map(namespace, name)
+                state, uid = await self._session.read_config_map(namespace, name)
             except NotFound:
+                self._config_map_uids.pop((namespace, name), None)
                 return State(ConfigMapView(None), None)  # watched from "now"
+            if uid:
+                self._config_map_uids[(namespace, name)] = uid
+            return state
 
         views = follow(
             Watched("configmap", f"{namespace}/{name}"),
@@ -203,6 +211,39 @@ class KubeNodeApi:
             )
         except Exception as exc:  # best effort by contract: an Event must never stop the agent
             _log.warning("node_event_failed", node=node, reason=reason, error=str(exc))
+
+    async def report_config_problem(
+        self, namespace: str, name: str, reason: str, message: str
+    ) -> bool:
+        """A problem of the shared ConfigMap, as one Warning Event on it for the whole
+        cluster: named after the problem (objects.shared_event_name), created by the first
+        node to find it, and bumped (count, lastTimestamp) by a node that finds it again
+        once the Event is REPORT_AGAIN_S old; left alone otherwise. False when it could not
+        be reported (best effort: never raises)."""
+        from gpuslice.adapters.kube.session import Conflict, NotFound
+
+        event = objects.shared_event_name(name, reason, message)
+        uid = self._config_map_uids.get((namespace, name))
+        try:
+            try:
+                count, last, version = await self._session.read_event(namespace, event)
+            except NotFound:
+                with contextlib.suppress(Conflict):  # another node created it meanwhile
+                    await self._session.create_config_map_event(
+                        namespace, name, uid, event, reason, message, self._host
+                    )
+                return True
+            age = (datetime.now(UTC) - last).total_seconds() if last else REPORT_AGAIN_S
+            if age >= REPORT_AGAIN_S:
+                with contextlib.suppress(Conflict):  # another node bumped it meanwhile
+                    await self._session.bump_event(namespace, event, count + 1, version)
+        except Exception as exc:  # best effort, as Node events
+            _log.warning(
+                "config_map_event_failed",
+                config_map=f"{namespace}/{name}", reason=reason, error=str(exc),
+            )  # fmt: skip
+            return False
+        return True
 
     async def record_pod_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, *, warning: bool

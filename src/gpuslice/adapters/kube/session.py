@@ -25,6 +25,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.types import PatchType
 
 from gpuslice.adapters.kube import objects
 from gpuslice.adapters.kube.bounded import bound_answers
@@ -118,13 +119,16 @@ class ApiSession:
         """One watch request on the Node, from `version`; ends when the server ends it."""
         return self._watch("api/v1/nodes", f"node {node}", node, version, _labels)
 
-    async def read_config_map(self, namespace: str, name: str) -> State[ConfigMapView]:
-        """The ConfigMap's data and annotations, and its resourceVersion. Raises NotFound."""
+    async def read_config_map(
+        self, namespace: str, name: str
+    ) -> tuple[State[ConfigMapView], str | None]:
+        """The ConfigMap's data and annotations, and its resourceVersion; its uid.
+        Raises NotFound."""
         with self._errors(f"read ConfigMap {namespace}/{name}"):
             obj = await self._client.get(ConfigMap, name, namespace=namespace)
         meta = obj.metadata or ObjectMeta()
         view = ConfigMapView(dict(obj.data or {}), dict(meta.annotations or {}))
-        return State(view, meta.resourceVersion)
+        return State(view, meta.resourceVersion), meta.uid
 
     def watch_config_map(
         self, namespace: str, name: str, version: str | None
@@ -239,6 +243,48 @@ class ApiSession:
         )
         with self._errors(f"record event {reason} on pod {namespace}/{pod}"):
             await self._client.create(event)
+
+    async def read_event(self, namespace: str, name: str) -> tuple[int, datetime | None, str]:
+        """An Event's count, lastTimestamp and resourceVersion. Raises NotFound."""
+        with self._errors(f"read event {namespace}/{name}"):
+            obj = await self._client.get(Event, name, namespace=namespace)
+        meta = obj.metadata or ObjectMeta()
+        return obj.count or 1, obj.lastTimestamp, meta.resourceVersion or ""
+
+    async def create_config_map_event(
+        self, namespace: str, config_map: str, uid: str | None, name: str, reason: str,
+        message: str, host: str,
+    ) -> None:  # fmt: skip
+        """A Warning Event named `name` about the ConfigMap. Raises Conflict when it
+        exists."""
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            involvedObject=ObjectReference(
+                apiVersion="v1", kind="ConfigMap", name=config_map, namespace=namespace, uid=uid
+            ),
+            reason=reason,
+            message=message,
+            type=objects.EVENT_WARNING,
+            count=1,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            source=EventSource(component=objects.COMPONENT, host=host or None),
+            reportingComponent=objects.COMPONENT,
+            reportingInstance=host or objects.COMPONENT,
+        )
+        with self._errors(f"record event {reason} on ConfigMap {namespace}/{config_map}"):
+            await self._client.create(event)
+
+    async def bump_event(self, namespace: str, name: str, count: int, version: str) -> None:
+        """Set an Event's count and lastTimestamp (now), if it is still at `version`:
+        Conflict when another node bumped it first."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch = {"metadata": {"resourceVersion": version}, "count": count, "lastTimestamp": now}
+        with self._errors(f"update event {namespace}/{name}"):
+            await self._client.patch(
+                Event, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """A ResourceClaim as JSON. Raises NotFound."""

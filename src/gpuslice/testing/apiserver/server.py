@@ -11,8 +11,10 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
   resourceVersion and answers 409 on a mismatch); 404 for every such path while
   `nfd_installed` is False, as when NFD's CRD is missing;
 - resource.k8s.io/v1 ResourceSlices and ResourceClaims (dra.py);
-- GET of pods; POST of events (generateName honoured; an Event about a cluster-scoped
-  object outside namespace default is refused with 422, as validation does);
+- GET of pods; POST of events (generateName honoured, 409 for a name taken; an Event
+  about a cluster-scoped object outside namespace default is refused with 422, as
+  validation does), GET and merge PATCH of an Event by name (409 for a resourceVersion
+  that is not the stored one);
 - with `grants` set, every request that no grant covers is refused with 403 Forbidden.
 
 The test side plays the cluster (put_node, delete_node, put_config_map,
@@ -401,11 +403,44 @@ class FakeApiServer:
                 return (200, pod) if pod else (404, not_found("pods", parts[5]))
             if parts[4] == "events" and req.method == "POST":
                 return self._event(parts[3], req.body)
+            if parts[4] == "events" and len(parts) == 6:
+                return self._named_event(req, parts[3], parts[5])
         return 404, no_such_resource()
+
+    def _stored_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        for event in self.events:
+            if (event["metadata"]["namespace"], event["metadata"]["name"]) == (namespace, name):
+                return event
+        return None
+
+    def _named_event(self, req: Request, namespace: str, name: str) -> tuple[int, Any]:
+        """GET, or a merge PATCH (resourceVersion, when given, must match: else 409)."""
+        stored = self._stored_event(namespace, name)
+        if stored is None:
+            return 404, not_found("events", name)
+        if req.method == "GET":
+            return 200, stored
+        if req.method != "PATCH":
+            return 405, status(405, "MethodNotAllowed", f"{req.method} is not supported here")
+        patch = req.body or {}
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None:
+            refused = write_refusal("PUT", "events", name, patch, stored)
+            if refused is not None:
+                return refused
+        for key, value in patch.items():
+            if key != "metadata":
+                stored[key] = value
+        stored["metadata"]["resourceVersion"] = self._bump()
+        return 200, stored
 
     def _event(self, namespace: str, event: dict[str, Any]) -> tuple[int, Any]:
         meta = event["metadata"]
         meta.setdefault("name", f"{meta.get('generateName', '')}{next(self._names):05x}")
+        taken = write_refusal("POST", "events", meta["name"], event,
+                              self._stored_event(namespace, meta["name"]))  # fmt: skip
+        if taken is not None:
+            return taken
         meta["namespace"] = namespace
         involved = event.get("involvedObject") or {}
         theirs = involved.get("namespace") or ""
