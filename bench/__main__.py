@@ -25,6 +25,7 @@ from bench import (
     configmap,
     dra,
     events,
+    fleet,
     listing,
     memory,
     reconfig,
@@ -49,6 +50,7 @@ GROUPS: dict[str, Group] = {
     "sampling": (sampling.FIGURES, sampling.run),
     "dra": (dra.FIGURES, dra.run),
     "upgrade": (upgrade.FIGURES, upgrade.run),
+    "fleet": (fleet.FIGURES, fleet.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

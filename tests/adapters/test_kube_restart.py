@@ -49,11 +49,7 @@ async def test_the_standin_restarts_with_a_newer_watch_cache_and_lists_give_its_
 ) -> None:
     """What the agent's fix relies on, as the real server does it."""
     old = server.put_node("n1", {"a": "1"})
-    down = asyncio.Event()
-    restarting = asyncio.create_task(server.restart(down))
-    await server.wait_for(lambda s: s._server is None)
-    down.set()
-    await restarting
+    await server.restart()
     assert server.expired_below > int(old)
     http = api._session._http
     node = (await http.get(f"{NODES}/n1")).json()
@@ -162,3 +158,18 @@ async def test_each_watch_asks_for_its_own_timeout_between_5_and_10_minutes(
     finally:
         await labels.close()
         await client.close()
+
+
+async def test_the_standin_ends_a_watch_after_its_timeout_scaled_for_accelerated_runs(
+    server: FakeApiServer, api: KubeNodeApi
+) -> None:
+    """As the real server, a watch ends cleanly after timeoutSeconds; `time_scale` makes
+    that many server seconds pass in fewer real ones (the fleet bench's idle hour)."""
+    server.put_node("n1")
+    server.time_scale = 1000.0  # 300 s of the server's: 0.3 s
+    http = api._session._http
+    query = {"watch": "true", "fieldSelector": "metadata.name=n1", "timeoutSeconds": "300"}
+    async with asyncio.timeout(5):
+        answer = await http.get(NODES, params=query)
+    assert answer.status_code == 200
+    assert [line.count('"ADDED"') for line in answer.text.splitlines()] == [1]

@@ -40,6 +40,9 @@ FIGURES = {
     "dra_prepare_8_p99",
     "dra_publish_after_health_p99",
     "upgrade_gap",
+    "fleet_idle_requests",
+    "fleet_switch_p99",
+    "fleet_restart_recovery",
 }
 
 

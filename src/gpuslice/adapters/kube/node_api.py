@@ -19,6 +19,7 @@ import structlog
 from gpuslice.adapters.kube import objects
 from gpuslice.adapters.kube.published import Published
 from gpuslice.adapters.kube.watch import (
+    PROBE_CAP_S,
     WATCH_TIMEOUT_S,
     NodeState,
     Retry,
@@ -68,6 +69,7 @@ class KubeNodeApi:
         host: str = "",  # the node's name, as the source of Pod events
         watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
         backoff_s: tuple[float, float] = (0.2, 30.0),
+        probe_cap_s: float = PROBE_CAP_S,
         recheck_s: tuple[float, float] = (600.0, 1200.0),
         clock: Callable[[], float] = time.monotonic,
         rand: random.Random | None = None,
@@ -86,6 +88,7 @@ class KubeNodeApi:
         self._pod_name = pod_name
         self._host = host
         self._backoff_s = backoff_s
+        self._probe_cap_s = probe_cap_s
         self._uids: dict[str, str] = {}
         self._config_map_uids: dict[tuple[str, str], str] = {}
         self._owners: dict[str, list[objects.OwnerRef]] = {}
@@ -162,7 +165,7 @@ class KubeNodeApi:
                 yield dataclasses.replace(view, trouble=trouble)
 
     def _retry(self) -> Retry:
-        return Retry(*self._backoff_s, rand=self._rand)
+        return Retry(*self._backoff_s, probe_cap_s=self._probe_cap_s, rand=self._rand)
 
     async def _tracked(
         self, what: str, items: AsyncGenerator[tuple[T, str | None], None]

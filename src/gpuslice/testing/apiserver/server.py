@@ -4,7 +4,8 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 - GET /api/v1/nodes/<name>; GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=<n>
   (replays history after resourceVersion, then streams chunked JSON lines; BOOKMARK
   events only when allowWatchBookmarks=true; HTTP 410 for a version older than
-  `expired_below`; watches.py); a list of nodes by fieldSelector metadata.name, whose
+  `expired_below`; ended cleanly after its timeoutSeconds, divided by `time_scale` for
+  an accelerated run; watches.py); a list of nodes by fieldSelector metadata.name, whose
   resourceVersion is the server's current one, as a real list's is;
 - GET of configmaps in a namespace, by name, as such a list and as the same watch as nodes;
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
@@ -105,6 +106,7 @@ class FakeApiServer:
         self.dra = DraObjects(self._bump)  # ResourceSlices and ResourceClaims
         self.requests: list[Request] = []
         self.expired_below = 0
+        self.time_scale = 1.0  # server seconds per real second (a watch's timeoutSeconds)
         self.nfd_installed = True
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
@@ -489,7 +491,9 @@ class FakeApiServer:
             return await self._reply(writer, req, 410, gone)
         stream = self.watch_state.open(collection, req.query, self._current)
         req.code = 200
-        await self.watch_state.serve(stream, writer, self._changed)
+        seconds = req.query.get("timeoutSeconds", "")
+        timeout = int(seconds) / self.time_scale if seconds.isdigit() else None
+        await self.watch_state.serve(stream, writer, self._changed, timeout)
 
     def _current(self, collection: str, name: str) -> dict[str, Any] | None:
         if collection == NODES:
