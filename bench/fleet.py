@@ -189,19 +189,21 @@ async def fleets(
         try:
             for fleet in made.values():
                 await fleet.until_applied(4)
-            await wait_until(lambda: len(server.features) == sum(sizes.values()))
+            await wait_until(
+                lambda: len(server.features) == sum(sizes.values()), "every NodeFeature written"
+            )
             yield server, made
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def wait_until(check: Callable[[], bool], step_s: float = 0.005) -> float:
+async def wait_until(check: Callable[[], bool], what: str, step_s: float = 0.005) -> float:
     """Poll `check` (a state no event announces here); the time it first held."""
     deadline = now() + WAIT_S
     while not check():
         if now() > deadline:
-            raise TimeoutError("the fleet did not get there")
+            raise TimeoutError(f"not within {WAIT_S:g} s: {what}")
         await asyncio.sleep(step_s)
     return now()
 
@@ -236,7 +238,8 @@ async def switch(server: FakeApiServer, fleet: Fleet, replicas: int) -> list[flo
     applied = [t - t0 for t in await fleet.until_applied(replicas)]
     mine = [f for (_, name), f in server.features.items() if fleet.prefix in name]
     await wait_until(
-        lambda: all(f["spec"]["labels"]["nvidia.com/gpu.replicas"] == str(replicas) for f in mine)
+        lambda: all(f["spec"]["labels"]["nvidia.com/gpu.replicas"] == str(replicas) for f in mine),
+        "the switch in every NodeFeature",
     )
     return applied
 
@@ -245,14 +248,16 @@ async def recovery(server: FakeApiServer, new: Fleet, old: Fleet, outage_s: floa
     """Seconds from the server's return until every watch of each fleet is open again."""
     down = asyncio.Event()
     restarting = asyncio.create_task(server.restart(down))
-    await wait_until(lambda: new.open_watches(server) == 0 and old.open_watches(server) == 0)
+    await wait_until(
+        lambda: new.open_watches(server) == 0 and old.open_watches(server) == 0, "watches cut"
+    )
     await asyncio.sleep(outage_s)
     down.set()
     await restarting
     back = now()
     times = await asyncio.gather(
-        wait_until(lambda: new.open_watches(server) == 2 * new.agents),
-        wait_until(lambda: old.open_watches(server) == 2 * old.agents),
+        wait_until(lambda: new.open_watches(server) == 2 * new.agents, "new watches back"),
+        wait_until(lambda: old.open_watches(server) == 2 * old.agents, "old watches back"),
     )
     return [t - back for t in times]
 
