@@ -54,8 +54,8 @@ QUICK = Plan(
     lists=3,
     flips=2,
     rss_trials=1,
-    fleet_agents=20,
-    fleet_hours=0.5,
+    fleet_agents=10,
+    fleet_hours=0.25,
     fleet_restarts=1,
-    fleet_outage_s=4.0,
+    fleet_outage_s=3.0,
 )
