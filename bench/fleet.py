@@ -236,11 +236,13 @@ async def switch(server: FakeApiServer, fleet: Fleet, replicas: int) -> list[flo
     t0 = now()
     server.put_config_map(NS, fleet.config_map, entry(replicas), {DEFAULT_ANNOTATION: "ts"})
     applied = [t - t0 for t in await fleet.until_applied(replicas)]
-    mine = [f for (_, name), f in server.features.items() if fleet.prefix in name]
-    await wait_until(
-        lambda: all(f["spec"]["labels"]["nvidia.com/gpu.replicas"] == str(replicas) for f in mine),
-        "the switch in every NodeFeature",
-    )
+    want = str(replicas)
+
+    def labelled() -> bool:
+        mine = [f for (_, name), f in server.features.items() if f"-{fleet.prefix}-" in name]
+        return all(f["spec"]["labels"]["nvidia.com/gpu.replicas"] == want for f in mine)
+
+    await wait_until(labelled, "the switch in every NodeFeature")
     return applied
 
 
