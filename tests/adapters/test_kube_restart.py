@@ -137,6 +137,10 @@ def test_a_server_that_does_not_answer_is_probed_at_a_short_cap_one_that_answers
     assert max(away.next_delay(unreachable=True) for _ in range(20)) <= PROBE_CAP_S * 1.2
     answered = Retry(0.2, 30.0, rand=random.Random(1))
     assert max(answered.next_delay() for _ in range(20)) >= 30.0 * 0.8
+    # a fleet's reconnects after the outage: each agent at its own jittered time
+    fleet = [Retry(0.2, 30.0, rand=random.Random(n)) for n in range(100)]
+    last = [[r.next_delay(unreachable=True) for _ in range(10)][-1] for r in fleet]
+    assert max(last) - min(last) > PROBE_CAP_S * 0.3
 
 
 async def test_each_watch_asks_for_its_own_timeout_between_5_and_10_minutes(
