@@ -11,17 +11,18 @@ Two fleets run side by side on the same server, each with its own ConfigMap and 
 fixed 240 s watch timeout, the NodeFeature read at every labelling, failures retried up
 to 30 s whether the server answers or not).
 
-- Idle requests per agent-hour: an accelerated clock. The stand-in ends watches after
-  timeoutSeconds / SPEEDUP, the labelling interval is 60 s / SPEEDUP and the NodeFeature
-  re-check runs on a clock SPEEDUP times as fast, so one real second is SPEEDUP seconds
-  of an idle agent's life. Every request the server receives from a fleet in the window
-  (after start-up), per agent, per accelerated hour; writes (POST, PUT, PATCH, DELETE)
-  counted apart.
+- Idle requests per agent-hour (fleets of plan.fleet_idle_agents): an accelerated clock.
+  The stand-in ends watches after timeoutSeconds / SPEEDUP, the labelling interval is
+  60 s / SPEEDUP and the NodeFeature re-check runs on a clock SPEEDUP times as fast, so
+  one real second is SPEEDUP seconds of an idle agent's life. Every request the server
+  receives from a fleet in the window (after start-up), per agent, per accelerated hour;
+  writes (POST, PUT, PATCH, DELETE) counted apart.
+From here on, fresh fleets of plan.fleet_agents in real time.
 - Switch fan-out: the entry in force in `new`'s ConfigMap edited (4 <-> 8 replicas);
   seconds until each agent applied it; p99 over all agents and flips of a trial.
   Baseline: one agent alone, with a ConfigMap of its own, edited right after.
-- Recovery after an API server restart: the stand-in down for OUTAGE_S (every connection
-  cut), then back with a watch cache at a newer resourceVersion (410 for every version
+- Recovery after an API server restart: the stand-in down for plan.fleet_outage_s (every
+  connection cut), then back with a watch cache at a newer resourceVersion (410 for every version
   the agents hold); seconds from its return until every watch of the fleet is open
   again. Baseline: the `old` fleet, back in the same trial.
 """
