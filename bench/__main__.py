@@ -26,6 +26,7 @@ from bench import (
     configmap,
     dra,
     events,
+    fleet,
     isolation,
     listing,
     memory,
@@ -55,6 +56,7 @@ GROUPS: dict[str, Group] = {
     "metrics_auth": (metrics_auth.FIGURES, metrics_auth.run),
     "advise": (advise.FIGURES, advise.run),
     "isolation": (isolation.FIGURES, isolation.run),
+    "fleet": (fleet.FIGURES, fleet.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -18,6 +18,11 @@ class Plan:
     lists: int  # ListAndWatch streams opened per trial
     flips: int  # node label flips per trial
     rss_trials: int  # agent processes (each with a no-op server process) for the RSS figures
+    fleet_agents: int  # agents per fleet (bench.fleet)
+    fleet_idle_agents: int  # agents per fleet in the accelerated idle window
+    fleet_hours: float  # accelerated agent-hours per idle trial
+    fleet_restarts: int  # API server restarts
+    fleet_outage_s: float  # how long the server stays away on each
 
 
 FULL = Plan(
@@ -32,6 +37,11 @@ FULL = Plan(
     lists=20,
     flips=10,
     rss_trials=3,
+    fleet_agents=100,
+    fleet_idle_agents=20,
+    fleet_hours=1.0,
+    fleet_restarts=3,
+    fleet_outage_s=15.0,
 )
 
 QUICK = Plan(
@@ -46,4 +56,9 @@ QUICK = Plan(
     lists=3,
     flips=2,
     rss_trials=1,
+    fleet_agents=10,
+    fleet_idle_agents=10,
+    fleet_hours=0.25,
+    fleet_restarts=1,
+    fleet_outage_s=3.0,
 )

@@ -109,13 +109,15 @@ def rules_template() -> str:
         out.append(f'{{{{- define "gpuslice.rules.{scope.value}" -}}}}\n')
         for rule in (r for r in RULES if r.scope is scope):
             policy = rule.policy_rule()
-            if rule.named_by is not None:  # only while the flag is set, on its object only
-                out.append(f'{{{{- with include "{NAMED_BY[rule.named_by]}" . }}}}\n')
+            if rule.needs is not None:  # only while the flag is set (on its object only)
+                out.append(f'{{{{- with include "{NAMED_BY[rule.needs]}" . }}}}\n')
             out.append(f"- apiGroups: {json.dumps(policy['apiGroups'])}\n")
             out.append(f"  resources: {json.dumps(policy['resources'])}\n")
             out.append(f"  verbs: {json.dumps(policy['verbs'])}\n")
             if rule.named_by is not None:
-                out.append("  resourceNames: [{{ . | quote }}]\n{{- end }}\n")
+                out.append("  resourceNames: [{{ . | quote }}]\n")
+            if rule.needs is not None:
+                out.append("{{- end }}\n")
         out.append("{{- end }}\n\n")
     # cluster-wide: DRA's bound in templates/dra.yaml, metrics auth's in templates/rbac.yaml
     for name, rules in (("dra", DRA_RULES), ("metricsAuth", METRICS_AUTH_RULES)):

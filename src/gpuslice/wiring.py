@@ -453,7 +453,10 @@ def build_node(
     claims = next(
         (f.driver.shares for f in node_agent.front_ends if isinstance(f, DraFrontEnd)), None
     )
-    return Node(NodeDeps(node_agent, manager, labels, accounting, isolation(opts, claims)))
+    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, claims))
+    if api is not None:
+        deps.watch_trouble = lambda: api.watch_trouble
+    return Node(deps)
 
 
 CHECKPOINT = "kubelet_internal_checkpoint"

@@ -186,3 +186,42 @@ async def test_the_memory_twin_follows_edits_deletion_and_reachability() -> None
     api.set_reachable(False)
     with pytest.raises(BackendError, match="unreachable"):
         await anext(api.watch_config_map(NS, NAME))
+
+
+async def test_a_problem_of_the_configmap_is_one_event_on_it_however_many_nodes_report_it(
+    server: FakeApiServer, tmp_path: Path
+) -> None:
+    """Ten nodes find the same bad entry: the first creates the Event (its name follows
+    from the problem), the others find it fresh and write nothing; one finding it again
+    once it is old bumps its count and time; another problem is another Event."""
+    server.put_config_map(NS, NAME, DATA, DEFAULT)
+    client = fake_client(server.url, tmp_path)
+    apis = [KubeNodeApi(client, host=f"n{i}") for i in range(10)]
+    try:
+        views = Following(apis[0].watch_config_map(NS, NAME))  # the read gives the uid
+        await views.next()
+        await views.close()
+        problem = f"ConfigMap {NS}/{NAME}[ts-8]: bad"
+        for api in apis:
+            assert await api.report_config_problem(NS, NAME, "ConfigRejected", problem)
+        (event,) = server.events
+        assert event["metadata"]["namespace"] == NS
+        uid = server.config_maps[(NS, NAME)]["metadata"]["uid"]
+        about = {"apiVersion": "v1", "kind": "ConfigMap", "name": NAME, "namespace": NS}
+        assert event["involvedObject"] == {**about, "uid": uid}
+        assert (event["type"], event["reason"], event["message"]) == (
+            "Warning",
+            "ConfigRejected",
+            problem,
+        )
+        assert event["count"] == 1
+        assert [r.method for r in server.requests if "/events" in r.path].count("POST") == 1
+        event["lastTimestamp"] = "2020-01-01T00:00:00Z"  # reported long ago
+        assert await apis[3].report_config_problem(NS, NAME, "ConfigRejected", problem)
+        assert await apis[4].report_config_problem(NS, NAME, "ConfigRejected", problem)
+        (event,) = server.events
+        assert event["count"] == 2  # bumped once: the second found it fresh again
+        assert await apis[5].report_config_problem(NS, NAME, "ConfigRejected", problem + "!")
+        assert len(server.events) == 2
+    finally:
+        await client.close()

@@ -86,7 +86,7 @@ async def test_an_unreadable_pod_gives_no_owners_one_warning_and_publishing_goes
     else:
         server.grants = grants(NS)
     client = fake_client(server.url, tmp_path)
-    api = KubeNodeApi(client, pod_name=POD)
+    api = KubeNodeApi(client, pod_name=POD, recheck_s=(0.0, 0.0))  # re-read on each publish
     assert await api.publish_node_feature("n1", NS, LABELS) is True
     assert owners(server) is None
     del server.features[FEATURE]  # deleted by hand: created again, the Pod not asked again

@@ -7,6 +7,7 @@ verb of any rule makes a call fail with 403."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,12 @@ async def agent_calls(server: FakeApiServer, tmp_path: Path) -> None:
             await server.wait_for(lambda s: any(r.code for r in s.watches("configmaps")))
         await configs.close()
         await api.record_event("n1", "ConfigRejected", "config rejected", warning=True)
+        # a shared problem: created (get 404, create), then found again once old: bumped
+        for _ in range(2):
+            await api.report_config_problem(NS, CM, "ConfigRejected", "entry ts-8: bad")
+            for event in server.events:
+                event["lastTimestamp"] = "2020-01-01T00:00:00Z"
+
         await api.record_pod_event("ml", "train-0", "uid-1", "GPUMemoryOverBudget", "over",
                                    warning=True)  # fmt: skip
         for replicas in ("4", "8"):  # create, then update
@@ -65,9 +72,7 @@ async def agent_calls(server: FakeApiServer, tmp_path: Path) -> None:
 def without(rule: Rule, verb: str) -> list[Rule]:
     """RULES with one verb taken from one rule."""
     rest = tuple(v for v in rule.verbs if v != verb)
-    changed = [
-        Rule(rule.api_groups, rule.resources, rest, rule.scope, rule.needed_for, rule.named_by)
-    ]
+    changed = [dataclasses.replace(rule, verbs=rest)]
     return [r for r in RULES if r is not rule] + (changed if rest else [])
 
 
@@ -77,8 +82,10 @@ async def test_the_rules_cover_every_call_the_agent_makes(tmp_path: Path) -> Non
     assert server.answered(403) == []
     calls = {(r.method, r.code) for r in server.requests}
     assert calls >= {("GET", 200), ("POST", 201), ("PUT", 200)}
-    assert len(server.events) == 2
-    assert {e["metadata"]["namespace"] for e in server.events} == {"default", "ml"}
+    assert len(server.events) == 3
+    assert {e["metadata"]["namespace"] for e in server.events} == {"default", "ml", NS}
+    (shared,) = [e for e in server.events if e["involvedObject"]["kind"] == "ConfigMap"]
+    assert shared["count"] == 2
     (feature,) = server.features.values()
     assert [o["kind"] for o in feature["metadata"]["ownerReferences"]] == ["DaemonSet", "Pod"]
     assert feature["spec"]["labels"] == {"nvidia.com/gpu.replicas": "8"}
@@ -103,8 +110,8 @@ async def test_without_any_one_verb_some_call_is_forbidden(
 
 
 async def test_the_rules_granted_in_another_namespace_are_not_enough(tmp_path: Path) -> None:
-    """The namespace scope is real: the NodeFeature, Pod and ConfigMap rules must be in
-    NAMESPACE."""
+    """The namespace scope is real: the NodeFeature, Pod, ConfigMap and ConfigMap Event
+    rules must be in NAMESPACE."""
     async with FakeApiServer(grants("kube-system")) as server:
         await agent_calls(server, tmp_path)
     refused = [access_of(r.method, r.path, r.query) for r in server.answered(403)]
@@ -112,6 +119,7 @@ async def test_the_rules_granted_in_another_namespace_are_not_enough(tmp_path: P
     assert {(a.namespace, a.resource) for a in refused if a} == {
         (NS, "nodefeatures"),
         (NS, "configmaps"),
+        (NS, "events"),
     }
     assert server.events  # the cluster-wide rules still hold
 
@@ -141,6 +149,8 @@ def test_a_narrowed_rule_renders_resource_names_and_is_left_out_when_unset() -> 
     assert configmaps["resourceNames"] == [CM]
     unset = rules_in(Scope.NAMESPACE, {"config-map": ""})
     assert [r["resources"] for r in unset] == [["nodefeatures"], ["pods"]]
+    (events,) = [r for r in rules_in(Scope.NAMESPACE, NAMED) if "events" in r["resources"]]
+    assert "resourceNames" not in events  # Event names follow the problems: not narrowed
 
 
 def test_each_scope_renders_the_policy_rules_of_one_role() -> None:
@@ -153,6 +163,7 @@ def test_each_scope_renders_the_policy_rules_of_one_role() -> None:
         ["nodefeatures"],
         ["pods"],
         ["configmaps"],
+        ["events"],
     ]
 
 

@@ -17,7 +17,7 @@ class CountingRetry(Retry):
         super().__init__(0.2, 30.0)
         self.waits = 0
 
-    async def wait(self) -> None:
+    async def wait(self, *, unreachable: bool = False) -> None:
         self.waits += 1
         await asyncio.sleep(0)
 

@@ -47,6 +47,9 @@ FIGURES = {
     "isolation_allocate_p99",
     "isolation_limit_latency",
     "isolation_cpu_per_100_pods",
+    "fleet_idle_requests",
+    "fleet_switch_p99",
+    "fleet_restart_recovery",
 }
 
 

@@ -180,7 +180,7 @@ async def test_any_answer_to_a_read_is_a_value_or_a_one_line_transient_error(
     async def read(body: bytes) -> str:
         server.corrupt_next("GET", f"/configmaps/{CM}", body)
         try:
-            state = await kube._session.read_config_map(NAMESPACE, CM)
+            state, _uid = await kube._session.read_config_map(NAMESPACE, CM)
         except BackendError as exc:
             return f"error transient={exc.transient} {exc}"
         assert isinstance(state.value.data, dict | None)
@@ -195,4 +195,5 @@ async def test_any_answer_to_a_read_is_a_value_or_a_one_line_transient_error(
     errors = [o for o in outcomes if o.startswith("error")]
     assert errors
     assert all(e.startswith("error transient=True ") and "\n" not in e for e in errors)
-    assert (await kube._session.read_config_map(NAMESPACE, CM)).value.data == {"a": "version: v1\n"}
+    state, _uid = await kube._session.read_config_map(NAMESPACE, CM)
+    assert state.value.data == {"a": "version: v1\n"}

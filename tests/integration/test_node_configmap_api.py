@@ -238,14 +238,19 @@ async def test_the_default_changed_in_the_annotation_applies_live(
 async def test_a_bad_edit_keeps_the_last_good_config_with_an_event(
     kubelet: KubeletStandin, cluster: Cluster
 ) -> None:
+    """The entry is at fault, the same on every node: the Event is on the ConfigMap (one
+    for the cluster), the node's readiness says what it keeps."""
     updates = kubelet.updates(GPU)
     cluster.edit({"ts-4": BROKEN})
     await cluster.server.wait_for(lambda s: bool(s.events))
     (event,) = cluster.rejections()
-    assert event["metadata"]["namespace"] == "default"
-    assert event["message"].startswith(f"config rejected, keeping ts-4: ConfigMap {NAMESPACE}/")
+    assert event["metadata"]["namespace"] == NAMESPACE
+    assert event["involvedObject"]["kind"] == "ConfigMap"
+    assert event["message"].startswith(f"ConfigMap {NAMESPACE}/")
     assert 'flags.migStrategy: got "bogus"' in event["message"]
-    assert cluster.config() == {"config": "ts-4", "ok": False, "detail": event["message"]}
+    detail = cluster.config()["detail"]
+    assert cluster.config() == {"config": "ts-4", "ok": False, "detail": detail}
+    assert detail == f"config rejected, keeping ts-4: {event['message']}"
     assert serving(kubelet, {GPU: 16})
     assert kubelet.updates(GPU) == updates
     cluster.edit({"ts-4": time_slicing(2)})  # the fix

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from agent_harness import GPU, STOP_TIMEOUT_S, serving
+from faults_harness import eventually
 from node_harness import CONFIGS, NAMESPACE, NODE, REJECTED, WITHIN_S
 
 from gpuslice.adapters.kube.rbac import RULES, Rule
@@ -200,3 +201,29 @@ async def test_under_exactly_the_documented_rules_nothing_is_refused(
     assert [o["kind"] for o in feature["metadata"]["ownerReferences"]] == ["DaemonSet", "Pod"]
     assert cluster.server.answered(403) == []
     assert cluster.server.answered(422) == []
+
+
+async def test_after_an_api_server_restart_readiness_says_the_watch_is_down_until_it_is_back(
+    kubelet: KubeletStandin, cluster: Cluster
+) -> None:
+    """The Node unchanged across the restart: its old resourceVersion is older than the
+    restarted server's watch cache (410). The watch comes back all the same, readiness
+    says so while it is down, and a switch after the restart is served through it."""
+    server = cluster.server
+    await server.wait_for(lambda s: s.open_watches() == 1)
+    down = asyncio.Event()
+    restarting = asyncio.create_task(server.restart(down))
+    api_detail = lambda: cluster.node.readiness()[1].get("api")  # noqa: E731
+    await eventually(lambda: api_detail() is not None, "readiness saying the watch is down")
+    detail = api_detail()
+    assert detail is not None
+    assert detail["ok"] is False
+    assert f"watch of Node {NODE} down" in detail["detail"]
+    assert cluster.node.readiness()[0]  # still serving what it last read
+    down.set()
+    await restarting
+    await server.wait_for(lambda s: s.open_watches() == 1)
+    await eventually(lambda: api_detail() is None, "readiness saying the watch is back")
+    reads = len(server.of("GET", f"/api/v1/nodes/{NODE}"))
+    await switch_and_back(kubelet, cluster)
+    assert len(server.of("GET", f"/api/v1/nodes/{NODE}")) == reads  # through the watch

@@ -257,6 +257,12 @@ class NodeApi(Protocol):
         fails), then each time it or its trouble changes; resumes as the Node watch does."""
         ...
 
+    @property
+    def watch_trouble(self) -> str | None:
+        """Why watches followed now are down (they are retried; what they last said
+        serves), one line; None while every watch holds."""
+        ...
+
     async def publish_node_feature(
         self, node: str, namespace: str, labels: Mapping[str, str]
     ) -> bool:
@@ -266,6 +272,14 @@ class NodeApi(Protocol):
 
     async def record_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         """A Kubernetes Event on the Node (best effort: never raises)."""
+        ...
+
+    async def report_config_problem(
+        self, namespace: str, name: str, reason: str, message: str
+    ) -> bool:
+        """A problem of the shared ConfigMap, reported once for the whole cluster (one
+        Warning Event on it, which every node finding the same problem shares); False when
+        it could not be reported (best effort: never raises)."""
         ...
 
     async def aclose(self) -> None:

@@ -13,11 +13,13 @@ With no label (`label=None`) the source has one config (services.config_source.F
 the config file), read at start and again on each reload (SIGHUP); nothing is chosen.
 
 A config that fails to load, validate or apply leaves the last good one in force; that is
-logged, recorded as a Warning Event on the Node and shown by `status`. So does an empty
-document replacing one that had content (a truncated write; `version: v1` alone is the
-deliberate empty config). Without a last good config (at start) the error is raised to
-the caller. A source that cannot be followed (the API unreachable, the watch refused)
-changes nothing served: `status` says so until it recovers.
+logged, recorded as a Warning Event and shown by `status`. So does an empty document
+replacing one that had content (a truncated write; `version: v1` alone is the deliberate
+empty config). The Event is on the Node for the node's own problems; an entry of the
+ConfigMap read through the API that does not load is the same problem on every node, so it
+is reported once for the cluster, on the ConfigMap. Without a last good config (at start)
+the error is raised to the caller. A source that cannot be followed (the API unreachable,
+the watch refused) changes nothing served: `status` says so until it recovers.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from gpuslice.core.selection import (
     choose_config,
 )
 from gpuslice.core.waiting import unless_stopped
-from gpuslice.services.config_source import Entries, EntrySource
+from gpuslice.services.config_source import Entries, EntryRejected, EntrySource
 from gpuslice.services.off_loop import read_config
 
 log = structlog.get_logger("gpuslice.config")
@@ -256,7 +258,7 @@ class ConfigManager(Generic[S]):
                     self._status = ConfigStatus(None, False, f"no config in force: {exc}")
                     if not self.one_config:  # the config file's error ends the command
                         log.error("config_rejected_at_start", error=str(exc))
-                        await self._record(self._status.detail)
+                        await self._record(self._status.detail, exc)
                     raise
                 await self._reject(exc, cause)
                 return False
@@ -339,19 +341,25 @@ class ConfigManager(Generic[S]):
             message = self.rejected = f"config rejected, keeping the last good one: {exc}"
             log.error("config_rejected_keeping_last_good", error=str(exc))
             self._status = ConfigStatus(serving, False, message)
-            await self._record(message)
+            await self._record(message, exc)
             return
         message = self.rejected = f"config rejected, keeping {serving}: {exc}"
         log.warning(
             "config_rejected_keeping_last_good", serving=serving, error=str(exc), cause=cause
         )
         self._status = ConfigStatus(serving, False, message)
-        await self._record(message)
+        await self._record(message, exc)
 
-    async def _record(self, message: str) -> None:
-        if message != self._reported:
-            self._reported = message
-            await self._source.record_event(self._node, REJECTED_REASON, message, warning=True)
+    async def _record(self, message: str, exc: GpusliceError) -> None:
+        """An Event for a rejection, once per message: on the shared source itself, once
+        for the cluster, when the entry is at fault (every node choosing it finds the same);
+        else (or when that fails) on the Node."""
+        if message == self._reported:
+            return
+        self._reported = message
+        if isinstance(exc, EntryRejected) and await self._entries.report(REJECTED_REASON, str(exc)):
+            return
+        await self._source.record_event(self._node, REJECTED_REASON, message, warning=True)
 
     def _poke(self, cause: str) -> None:
         self._causes.add(cause)

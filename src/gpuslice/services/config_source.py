@@ -46,12 +46,23 @@ class Entries:
     default: str | None = None  # the default config the source itself names
 
 
+class EntryRejected(ConfigError):  # noqa: N818 - a state, as ConfigError's kin
+    """An entry of a shared source that does not load: the same problem on every node
+    that chooses it, not this node's own."""
+
+
 class EntrySource(Protocol):
     @property
     def where(self) -> str: ...
 
     @property
     def trouble(self) -> str | None: ...
+
+    async def report(self, reason: str, message: str) -> bool:
+        """Report a problem of the entries themselves (EntryRejected) once for the
+        cluster, on the source's own object; False when this source cannot (a file or a
+        directory: the node's Event says it), or could not now."""
+        ...
 
     def changes(self) -> AbstractAsyncContextManager[AsyncIterator[str]]: ...
 
@@ -77,6 +88,9 @@ class FileEntries:
     async def changes(self) -> AsyncIterator[AsyncIterator[str]]:
         yield _never()
 
+    async def report(self, reason: str, message: str) -> bool:
+        return False  # the node's own file
+
     def read(self, use: Callable[[Entries], T]) -> T:
         loaded, self._first = self._first, None
         load = self._load if loaded is None else lambda: loaded
@@ -93,6 +107,10 @@ class ConfigMapWatch(Protocol):
 
     def watch_config_map(self, namespace: str, name: str) -> AsyncIterator[ConfigMapView]: ...
 
+    async def report_config_problem(
+        self, namespace: str, name: str, reason: str, message: str
+    ) -> bool: ...
+
 
 class DirectoryEntries:
     """The files of a directory, usually a mounted ConfigMap; `..` names never count."""
@@ -107,6 +125,9 @@ class DirectoryEntries:
     async def changes(self) -> AsyncIterator[AsyncIterator[str]]:
         async with self._watch(self.where, None) as events:
             yield _entry_events(events)
+
+    async def report(self, reason: str, message: str) -> bool:
+        return False  # the ConfigMap behind a mounted directory has no name here
 
     def read(self, use: Callable[[Entries], T]) -> T:
         """`use` again when the `..data` swap happened during the read."""
@@ -172,6 +193,9 @@ class ConfigMapEntries:
                     )  # fmt: skip
             yield "configmap"  # a trouble change too: the manager's read then reports it
 
+    async def report(self, reason: str, message: str) -> bool:
+        return await self._api.report_config_problem(self._namespace, self._name, reason, message)
+
     def read(self, use: Callable[[Entries], T]) -> T:
         view = self._view  # one view throughout, whatever arrives meanwhile
         if view.data is None:
@@ -182,7 +206,10 @@ class ConfigMapEntries:
 
 
 def _load_entry(data: Mapping[str, str], where: str, name: str) -> LoadedConfig:
-    return load_config(data[name], source=f"{where}[{name}]")
+    try:
+        return load_config(data[name], source=f"{where}[{name}]")
+    except ConfigError as exc:
+        raise EntryRejected(str(exc)) from None
 
 
 async def _entry_events(events: AsyncIterator[tuple[str, str]]) -> AsyncIterator[str]:

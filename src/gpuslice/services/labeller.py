@@ -6,6 +6,8 @@ Run loop, as GFD: label and publish; oneshot stops there; otherwise relabel ever
 never holds up or fails what asked for it. Differences from GFD:
 - the timestamp is renewed only when another label changes, so an unchanged node is not
   rewritten every interval (sinks compare what they hold and skip identical labels);
+- every wait (the interval, a retry) is jittered by up to 20 % either way, so the nodes
+  of a fleet, whose timers a cluster-wide switch restarts at one instant, drift apart;
 - a failed labelling or sink write is retried on its own, `retry_s` after the first failure
   and twice as long after each next one, up to `retry_max_s` (or the interval), also in
   infinite mode (GFD exits); status() says how it stands; only oneshot raises it.
@@ -16,6 +18,7 @@ labels vanish, as GFD does; the NodeFeature object is left to garbage collection
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -96,6 +99,7 @@ class Labeller:
         timestamps: bool = True,
         retry_s: float = RETRY_S,
         retry_max_s: float = RETRY_MAX_S,
+        rand: random.Random | None = None,
     ) -> None:
         for name, value in (
             ("interval_s", interval_s),
@@ -105,6 +109,7 @@ class Labeller:
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         self._compute = compute
+        self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         self._sinks = tuple(sinks)
         self._clock = clock
         self._interval = interval_s
@@ -207,11 +212,15 @@ class Labeller:
                     reported = self._error
                     failed("labels_failed", error=reported, retry_s=wait)
                     await self._notify()
-                await self._sleep(stop, wait)
+                await self._sleep(stop, None if wait is None else self.jittered(wait))
         finally:
             if self._interval is not None:
                 for sink in self._sinks:
                     await self._remove(sink)
+
+    def jittered(self, seconds: float) -> float:
+        """`seconds` give or take up to 20 %, drawn anew for each wait."""
+        return seconds * self._rand.uniform(0.8, 1.2)
 
     async def _sleep(self, stop: asyncio.Event, seconds: float | None) -> None:
         """Until `stop`, a nudge or `seconds` (None: no limit)."""

@@ -54,6 +54,8 @@ class NodeDeps:
     ) = None
     # Builds the service that keeps per-pod GPU memory limits in force (--memory-isolation).
     isolation: Callable[[NodeDevices], Isolation] | None = None
+    # Why the Kubernetes API's watches are down now (None: they hold, or no API).
+    watch_trouble: Callable[[], str | None] = lambda: None
 
 
 class Node:
@@ -95,6 +97,9 @@ class Node:
             details["config"] = self.manager.status.as_dict()
         elif self.manager.rejected is not None:  # one config file, re-read on SIGHUP
             details["config"] = {"ok": False, "detail": self.manager.rejected}
+        watches = self.deps.watch_trouble()
+        if watches is not None:  # reported, still ready: what they last said serves
+            details["api"] = {"ok": False, "detail": f"{watches}; retrying"}
         cdi_problem = self.devices.cdi_problem
         if cdi_problem is not None:  # reported, still ready
             details["cdi"] = {"ok": False, "detail": cdi_problem}

@@ -47,6 +47,7 @@ class MemoryNodeApi:
         self._reachable = True
         self.node_features: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[RecordedEvent] = []
+        self.config_map_events: dict[tuple[str, str, str, str], int] = {}
         self.writes = 0
 
     # the cluster side
@@ -98,6 +99,11 @@ class MemoryNodeApi:
         return None if stored is None else objects.spec_labels(stored)
 
     # the NodeApi port
+
+    @property
+    def watch_trouble(self) -> str | None:
+        watched = bool(self._watchers) or bool(self._map_watchers)
+        return None if self._reachable or not watched else _UNREACHABLE
 
     async def node_labels(self, node: str) -> dict[str, str]:
         self._check(f"read node {node}")
@@ -162,6 +168,17 @@ class MemoryNodeApi:
             self.events.append(
                 RecordedEvent(node, reason, message, objects.event_type(warning=warning))
             )
+
+    async def report_config_problem(
+        self, namespace: str, name: str, reason: str, message: str
+    ) -> bool:
+        """Kept in `config_map_events` ((namespace, name, reason, message) -> how many
+        reports), one entry per problem, whichever nodes report it."""
+        if not self._reachable:
+            return False
+        key = (namespace, name, reason, message)
+        self.config_map_events[key] = self.config_map_events.get(key, 0) + 1
+        return True
 
     def _check(self, what: str) -> None:
         if not self._reachable:

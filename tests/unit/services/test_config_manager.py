@@ -816,3 +816,37 @@ async def test_a_missing_configmap_at_start_is_raised(node: FakeNode, applier: A
         async with running(manager) as task:
             await started(manager, task)
     assert applier.applied == []
+
+
+async def test_a_bad_shared_entry_is_one_report_for_the_cluster_not_an_event_per_node() -> None:
+    """Every node choosing the entry finds the same problem: it goes to the ConfigMap,
+    one report per problem (MemoryNodeApi counts who reported it), and no node writes an
+    Event of its own. A node's own problem (its apply refused) stays an Event on its Node."""
+    api = MemoryNodeApi()
+    api.put_config_map(NS, CM, {"ts": timeslicing(2)})
+    nodes = [FakeNode() for _ in range(5)]
+    appliers = [Applier() for _ in nodes]
+    managers = [api_manager(n, api, a) for n, a in zip(nodes, appliers, strict=True)]
+    for node in nodes:
+        node.push({DEFAULT_LABEL: "ts"})
+    async with contextlib.AsyncExitStack() as stack:
+        for manager in managers:
+            await started(manager, await stack.enter_async_context(running(manager)))
+        seen = [m.checks for m in managers]
+        api.put_config_map(NS, CM, {"ts": BROKEN})
+        for manager, checks in zip(managers, seen, strict=True):
+            await settled(manager, checks)
+            assert manager.rejected is not None
+        ((where, name, reason, message), reports), *_ = api.config_map_events.items()
+        assert len(api.config_map_events) == 1
+        assert (where, name, reason, reports) == (NS, CM, "ConfigRejected", 5)
+        assert message.startswith(f"ConfigMap {NS}/{CM}[ts]: ")  # the same on every node
+        assert "keeping" not in message
+        assert all(node.events == [] for node in nodes)
+        # the node's own problem: its apply refuses the (good) entry
+        appliers[0].refuse = "this node cannot"
+        seen0 = managers[0].checks
+        api.put_config_map(NS, CM, {"ts": timeslicing(3)})
+        await settled(managers[0], seen0)
+        assert "this node cannot" in await nodes[0].next_event()
+        assert len(api.config_map_events) == 1

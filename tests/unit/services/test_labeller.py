@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -347,3 +348,30 @@ async def test_node_feature_sink_publishes_through_the_node_api() -> None:
     }
     await sink.remove()
     assert api.objects  # left for garbage collection through owner references
+
+
+class Draws(random.Random):
+    """A seeded Random that keeps every uniform() it drew."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.draws: list[float] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        value = super().uniform(a, b)
+        self.draws.append(value)
+        return value
+
+
+async def test_every_interval_is_jittered_so_timers_restarted_together_drift_apart() -> None:
+    """A cluster-wide switch restarts every node's timer at one instant: the next waits
+    differ from node to node (up to 20 % either way), each drawn anew."""
+    draws = Draws(5)
+    source = Source(T4)
+    labeller = Labeller(source, [RecordingSink()], interval_s=0.01, rand=draws)
+    async for _stop in running(labeller):
+        await asyncio.wait_for(labeller.wait_for(lambda: source.calls >= 4), 5)
+    assert len(draws.draws) >= 3  # one per wait
+    fleet = [Labeller(Source(T4), [], rand=random.Random(n)).jittered(60.0) for n in range(100)]
+    assert all(48.0 <= wait <= 72.0 for wait in fleet)
+    assert max(fleet) - min(fleet) > 20.0  # spread over seconds, not within 0.8 s

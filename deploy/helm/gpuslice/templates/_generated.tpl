@@ -22,6 +22,11 @@
   verbs: ["get", "watch"]
   resourceNames: [{{ . | quote }}]
 {{- end }}
+{{- with include "gpuslice.configMapFromApi" . }}
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["get", "patch"]
+{{- end }}
 {{- end }}
 
 {{- define "gpuslice.rules.default" -}}

@@ -22,7 +22,7 @@ class KubeDraApi:
 
         self._owns_client = client is None
         self._session: ApiSession = ApiSession(
-            client if client is not None else make_client(kubeconfig), watch_timeout_s=240
+            client if client is not None else make_client(kubeconfig)
         )
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, object]:

@@ -6,6 +6,7 @@ lightkube adapter and the in-memory stand-in so both hold identical objects.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -118,3 +119,11 @@ def with_spec_labels(body: Mapping[str, Any], labels: Mapping[str, str]) -> dict
 
 def event_type(*, warning: bool) -> str:
     return EVENT_WARNING if warning else EVENT_NORMAL
+
+
+def shared_event_name(config_map: str, reason: str, message: str) -> str:
+    """The one Event every node reports a problem of the shared ConfigMap under: the same
+    problem gets the same name on every node, so the nodes bump it rather than each
+    creating its own."""
+    digest = hashlib.sha256(f"{reason}\n{message}".encode()).hexdigest()[:16]
+    return f"{config_map[:200]}.{digest}"

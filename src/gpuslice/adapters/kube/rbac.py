@@ -34,6 +34,14 @@ class Rule:
     # and watch are still allowed, as the agent asks for one name: by GET, and by a watch with
     # fieldSelector metadata.name); None: every object of the resources.
     named_by: str | None = None
+    # The flag without which the agent makes no such call (the rule is left out then);
+    # a rule narrowed by `named_by` is only needed with that flag too.
+    only_with: str | None = None
+
+    @property
+    def needs(self) -> str | None:
+        """The flag the rule is needed with, None: always."""
+        return self.named_by or self.only_with
 
     def namespace(self, agent_namespace: str) -> str | None:
         """Where the rule is granted for an agent in `agent_namespace`; None: cluster-wide."""
@@ -68,6 +76,10 @@ RULES: tuple[Rule, ...] = (
          "read and follow the ConfigMap of per-node configs (only with CONFIG_MAP; "
          "resourceNames: that ConfigMap)",
          named_by="config-map"),
+    Rule(("",), ("events",), ("get", "patch"), Scope.NAMESPACE,
+         "report a problem of that ConfigMap once for the cluster: one Event on it, named "
+         "after the problem, that a node finding it again bumps (only with CONFIG_MAP)",
+         only_with="config-map"),
 )  # fmt: skip
 
 # With DRA on (the chart's dra.enabled): the node's ResourceSlices (listed by node and
@@ -93,11 +105,11 @@ METRICS_AUTH_RULES: tuple[Rule, ...] = (
 
 def rules_in(scope: Scope, names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The PolicyRules of one ClusterRole (CLUSTER) or Role (the others). With `names`
-    (flag -> its value), a rule narrowed to an object is narrowed to the one named, and left
-    out when its flag is not set, as the agent then makes no such call."""
+    (flag -> its value), a rule narrowed to an object is narrowed to the one named, and a
+    rule needed only with a flag is left out when that flag is not set, as the agent then
+    makes no such call."""
     return [
         rule.policy_rule(names)
         for rule in RULES
-        if rule.scope is scope
-        and (names is None or rule.named_by is None or names.get(rule.named_by))
+        if rule.scope is scope and (names is None or rule.needs is None or names.get(rule.needs))
     ]

@@ -10,6 +10,7 @@ raises WatchGone or WatchBroken instead.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -24,13 +25,16 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.types import PatchType
 
 from gpuslice.adapters.kube import objects
 from gpuslice.adapters.kube.bounded import bound_answers
 from gpuslice.adapters.kube.watch import (
     OPENED,
+    WATCH_TIMEOUT_S,
     NodeState,
     State,
+    Unreachable,
     WatchBroken,
     WatchEvent,
     WatchGone,
@@ -87,9 +91,16 @@ def make_client(kubeconfig: str | None) -> AsyncClient:
 class ApiSession:
     """The handful of API calls the agent makes, over one lightkube AsyncClient."""
 
-    def __init__(self, client: AsyncClient, *, watch_timeout_s: int) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
+        rand: random.Random | None = None,
+    ) -> None:
         self._client = client
         self._watch_timeout_s = watch_timeout_s
+        self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         # lightkube's public watch() cannot ask for bookmarks, so the watch goes through
         # the client's own httpx2 client (base URL, TLS and auth already set up).
         self._http: httpx2.AsyncClient = client._client._client
@@ -109,13 +120,16 @@ class ApiSession:
         """One watch request on the Node, from `version`; ends when the server ends it."""
         return self._watch("api/v1/nodes", f"node {node}", node, version, _labels)
 
-    async def read_config_map(self, namespace: str, name: str) -> State[ConfigMapView]:
-        """The ConfigMap's data and annotations, and its resourceVersion. Raises NotFound."""
+    async def read_config_map(
+        self, namespace: str, name: str
+    ) -> tuple[State[ConfigMapView], str | None]:
+        """The ConfigMap's data and annotations, and its resourceVersion; its uid.
+        Raises NotFound."""
         with self._errors(f"read ConfigMap {namespace}/{name}"):
             obj = await self._client.get(ConfigMap, name, namespace=namespace)
         meta = obj.metadata or ObjectMeta()
         view = ConfigMapView(dict(obj.data or {}), dict(meta.annotations or {}))
-        return State(view, meta.resourceVersion)
+        return State(view, meta.resourceVersion), meta.uid
 
     def watch_config_map(
         self, namespace: str, name: str, version: str | None
@@ -134,16 +148,19 @@ class ApiSession:
     ) -> AsyncGenerator[WatchEvent[T], None]:
         """One watch request on one object of the collection at `path`: OPENED once the
         server answered, then its events until the server ends the watch."""
+        # Each watch asks for its own timeout, so a fleet's watches do not all end (and
+        # re-open) together, as client-go's reflector does it.
+        seconds = self._rand.randint(*self._watch_timeout_s)
         params = {
             "watch": "true",
             "fieldSelector": f"metadata.name={name}",
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._watch_timeout_s),
+            "timeoutSeconds": str(seconds),
         }
         if version:
             params["resourceVersion"] = version
         # The server ends the watch after timeoutSeconds; longer silence means a dead link.
-        timeout = httpx2.Timeout(10.0, read=self._watch_timeout_s + 30.0)
+        timeout = httpx2.Timeout(10.0, read=seconds + 30.0)
         try:
             async with self._http.stream("GET", path, params=params, timeout=timeout) as resp:
                 if resp.status_code != 200:
@@ -153,7 +170,8 @@ class ApiSession:
                 async for line in _lines(resp.aiter_bytes(), MAX_EVENT_BYTES):
                     yield _decode_event(line, project)
         except httpx2.HTTPError as exc:  # transport, or a body that does not decode
-            raise WatchBroken(f"watch {what}: {_one_line(exc)}") from exc
+            unreachable = isinstance(exc, httpx2.TransportError)
+            raise WatchBroken(f"watch {what}: {_one_line(exc)}", unreachable=unreachable) from exc
 
     async def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -227,6 +245,48 @@ class ApiSession:
         with self._errors(f"record event {reason} on pod {namespace}/{pod}"):
             await self._client.create(event)
 
+    async def read_event(self, namespace: str, name: str) -> tuple[int, datetime | None, str]:
+        """An Event's count, lastTimestamp and resourceVersion. Raises NotFound."""
+        with self._errors(f"read event {namespace}/{name}"):
+            obj = await self._client.get(Event, name, namespace=namespace)
+        meta = obj.metadata or ObjectMeta()
+        return obj.count or 1, obj.lastTimestamp, meta.resourceVersion or ""
+
+    async def create_config_map_event(
+        self, namespace: str, config_map: str, uid: str | None, name: str, reason: str,
+        message: str, host: str,
+    ) -> None:  # fmt: skip
+        """A Warning Event named `name` about the ConfigMap. Raises Conflict when it
+        exists."""
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            involvedObject=ObjectReference(
+                apiVersion="v1", kind="ConfigMap", name=config_map, namespace=namespace, uid=uid
+            ),
+            reason=reason,
+            message=message,
+            type=objects.EVENT_WARNING,
+            count=1,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            source=EventSource(component=objects.COMPONENT, host=host or None),
+            reportingComponent=objects.COMPONENT,
+            reportingInstance=host or objects.COMPONENT,
+        )
+        with self._errors(f"record event {reason} on ConfigMap {namespace}/{config_map}"):
+            await self._client.create(event)
+
+    async def bump_event(self, namespace: str, name: str, count: int, version: str) -> None:
+        """Set an Event's count and lastTimestamp (now), if it is still at `version`:
+        Conflict when another node bumped it first."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch = {"metadata": {"resourceVersion": version}, "count": count, "lastTimestamp": now}
+        with self._errors(f"update event {namespace}/{name}"):
+            await self._client.patch(
+                Event, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """A ResourceClaim as JSON. Raises NotFound."""
         with self._errors(f"read ResourceClaim {namespace}/{name}"):
@@ -299,9 +359,8 @@ class ApiSession:
         try:
             yield
         except httpx2.TransportError as exc:
-            raise BackendError(
-                f"{what}: Kubernetes API at {self.server} unreachable: {_one_line(exc)}",
-                transient=True,
+            raise Unreachable(
+                f"{what}: Kubernetes API at {self.server} unreachable: {_one_line(exc)}"
             ) from exc
         except httpx2.HTTPStatusError as exc:
             code = exc.response.status_code

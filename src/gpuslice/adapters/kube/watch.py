@@ -8,6 +8,14 @@ that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them
 - the watch starts from the read's resourceVersion; BOOKMARK events only move it;
 - a watch the server ends cleanly (its timeoutSeconds) resumes from the last version;
 - 410 Gone or a broken watch: back off, re-read fully (retrying until it works), resume;
+- 410 Gone for the version a re-read gave (nothing delivered since): the server's watch
+  cache starts after that version, as after an API server restart while the object stood
+  unchanged; re-reading gives the same version again, so the watch starts from now
+  instead (no resourceVersion): the server sends the object as it is (ADDED), whose own
+  version is not resumed from (it is as old), only later events' and bookmarks';
+- retries back off with jitter, doubling up to a cap; a server that does not answer at
+  all (connection refused, timed out) is retried up to a short cap only, as such a probe
+  costs it nothing, so the watches return within seconds of the server's return;
 - a value is yielded only when it differs from the last one yielded; a deleted object
   is `gone`.
 
@@ -32,6 +40,7 @@ from gpuslice.core.restart import Backoff
 _log = structlog.get_logger()
 
 T = TypeVar("T")
+ADDED = "ADDED"
 BOOKMARK = "BOOKMARK"
 DELETED = "DELETED"
 OPENED = "OPENED"  # not from the server: the watch request was answered 200
@@ -61,24 +70,52 @@ class WatchGone(Exception):  # noqa: N818 - named after HTTP 410 Gone
 
 
 class WatchBroken(Exception):  # noqa: N818 - a state, like the HTTP terms above
-    """The watch failed (connection dropped, server error); the message is one line."""
+    """The watch failed (connection dropped, server error); the message is one line.
+    `unreachable`: no answer at all (refused, timed out, cut before an answer)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+class Unreachable(BackendError):  # noqa: N818 - a state
+    """A read the server did not answer at all (always transient)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
+
+
+# A watch's timeoutSeconds is drawn from this range (client-go's reflector: 5-10 min).
+WATCH_TIMEOUT_S = (300, 600)
+# A server that does not answer is probed again at most this far apart (jittered).
+PROBE_CAP_S = 2.0
 
 
 class Retry:
     """Failed attempts in a row, waited out on core.restart's doubling Backoff with
-    jitter (so many agents do not retry in step); reset after a success."""
+    jitter (so many agents do not retry in step); reset after a success. A failure with
+    no answer at all waits at most `probe_cap_s` (jittered too)."""
 
-    def __init__(self, initial_s: float, cap_s: float) -> None:
+    def __init__(
+        self,
+        initial_s: float,
+        cap_s: float,
+        *,
+        probe_cap_s: float = PROBE_CAP_S,
+        rand: random.Random | None = None,
+    ) -> None:
         self.schedule = Backoff(initial_s, cap_s)
+        self.probe = Backoff(min(initial_s, probe_cap_s), probe_cap_s)
         self.failures = 0
+        self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
 
-    def next_delay(self) -> float:
+    def next_delay(self, *, unreachable: bool = False) -> float:
         self.failures += 1
-        jitter = random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not secrecy
-        return self.schedule.delay(self.failures) * jitter
+        schedule = self.probe if unreachable else self.schedule
+        return schedule.delay(self.failures) * self._rand.uniform(0.8, 1.2)
 
-    async def wait(self) -> None:
-        await asyncio.sleep(self.next_delay())
+    async def wait(self, *, unreachable: bool = False) -> None:
+        await asyncio.sleep(self.next_delay(unreachable=unreachable))
 
     def reset(self) -> None:
         self.failures = 0
@@ -104,13 +141,16 @@ async def follow(
     state = await read()
     last, trouble = state.value, None
     version = state.resource_version
+    fresh = False  # `version` is a re-read's, nothing delivered since
     yield last, trouble
     loop = asyncio.get_running_loop()
     log = _log.bind(**{what.kind: what.name})
+    unreachable = False  # how the last failure failed: no answer at all
     while True:
         try:
             started = loop.time()
             delivered = False
+            from_now = version is None
             async with contextlib.aclosing(open_watch(version)) as events:
                 async for event in events:
                     if event.type == OPENED:
@@ -120,7 +160,8 @@ async def follow(
                         continue
                     delivered = True
                     backoff.reset()
-                    version = event.resource_version or version
+                    if not (from_now and event.type == ADDED):  # the object as it stands
+                        version, fresh = event.resource_version or version, False
                     if event.type == BOOKMARK:
                         continue
                     value = gone if event.type == DELETED else event.value
@@ -133,39 +174,53 @@ async def follow(
                 await backoff.wait()
             continue
         except WatchGone:
+            if fresh:  # the server's cache starts after the read's version: watch from now
+                log.info(f"{what.kind}_watch_from_now", resource_version=version)
+                version, fresh = None, False
+                continue
             log.info(f"{what.kind}_watch_expired", resource_version=version)
         except WatchBroken as exc:
             log.warning(f"{what.kind}_watch_broken", error=str(exc))
+            unreachable = exc.unreachable
             if trouble != str(exc):
                 trouble = str(exc)
                 yield last, trouble
         while True:  # re-read until it works
-            await backoff.wait()
+            await backoff.wait(unreachable=unreachable)
             try:
                 state = await read()
                 break
             except BackendError as exc:
                 log.warning(f"{what.kind}_read_failed", error=str(exc))
+                unreachable = isinstance(exc, Unreachable)
                 if trouble != str(exc):
                     trouble = str(exc)
                     yield last, trouble
+        unreachable = False
         log.info(f"{what.kind}_watch_resumed", resource_version=state.resource_version)
         version = state.resource_version
+        fresh = version is not None
         if state.value != last:
             last = state.value
             yield last, trouble
 
 
-async def follow_labels(
+def follow_labels(
     node: str,
     read: Read[dict[str, str]],
     open_watch: OpenWatch[dict[str, str]],
     backoff: Retry,
 ) -> AsyncGenerator[dict[str, str], None]:
     """Yield the Node's labels after the first full read, then on every change."""
-    last: dict[str, str] | None = None
     nothing: dict[str, str] = {}
-    items = follow(Watched("node", node), read, open_watch, backoff, nothing)
+    return labels_of(follow(Watched("node", node), read, open_watch, backoff, nothing))
+
+
+async def labels_of(
+    items: AsyncGenerator[tuple[dict[str, str], str | None], None],
+) -> AsyncGenerator[dict[str, str], None]:
+    """The labels of follow()'s (labels, trouble) pairs, each time they change."""
+    last: dict[str, str] | None = None
     async with contextlib.aclosing(items):
         async for labels, _trouble in items:
             if labels != last:

@@ -4,20 +4,26 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 - GET /api/v1/nodes/<name>; GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=<n>
   (replays history after resourceVersion, then streams chunked JSON lines; BOOKMARK
   events only when allowWatchBookmarks=true; HTTP 410 for a version older than
-  `expired_below`; watches.py);
-- GET of configmaps in a namespace, by name and as the same watch as nodes;
+  `expired_below`; ended cleanly after its timeoutSeconds, divided by `time_scale` for
+  an accelerated run; watches.py); a list of nodes by fieldSelector metadata.name, whose
+  resourceVersion is the server's current one, as a real list's is;
+- GET of configmaps in a namespace, by name, as such a list and as the same watch as nodes;
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
   resourceVersion and answers 409 on a mismatch); 404 for every such path while
   `nfd_installed` is False, as when NFD's CRD is missing;
 - resource.k8s.io/v1 ResourceSlices and ResourceClaims (dra.py);
-- GET of pods; POST of events (generateName honoured; an Event about a cluster-scoped
-  object outside namespace default is refused with 422, as validation does);
+- GET of pods; POST of events (generateName honoured, 409 for a name taken; an Event
+  about a cluster-scoped object outside namespace default is refused with 422, as
+  validation does), GET and merge PATCH of an Event by name (409 for a resourceVersion
+  that is not the stored one);
 - POST of TokenReviews and SubjectAccessReviews (non-resource URLs), from the tokens and
   grants of `reviews` (reviews.py);
 - with `grants` set, every request that no grant covers is refused with 403 Forbidden.
 
 The test side plays the cluster (put_node, delete_node, put_config_map,
-delete_config_map, put_pod, bookmark), breaks
+delete_config_map, put_pod, bookmark), restarts the server (restart: every connection
+cut, and a watch cache that starts at a new resourceVersion, so a watch from any older
+one is answered 410 Gone, as a restarted API server answers it), breaks
 watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
 end_watches: a clean end, as on the server's timeout), injects failures (fail_next),
 answers with broken bodies (corrupt_next: bytes that are not JSON, or a body that says
@@ -104,6 +110,7 @@ class FakeApiServer:
         self.reviews = Reviews()  # tokens and non-resource grants
         self.requests: list[Request] = []
         self.expired_below = 0
+        self.time_scale = 1.0  # server seconds per real second (a watch's timeoutSeconds)
         self.nfd_installed = True
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
@@ -134,6 +141,23 @@ class FakeApiServer:
         for task in list(self._handlers):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def restart(self, down: asyncio.Event | None = None) -> None:
+        """An API server restart: every connection cut, nothing listening until `down` is
+        set (at once without one), then listening on the same port with a watch cache that
+        starts at a new resourceVersion (other writes moved it while the server was away):
+        a watch from an older version, such as an unchanged object's, is answered 410."""
+        port = int(self.url.rsplit(":", 1)[1])
+        await self.close()
+        if down is not None:
+            await down.wait()
+        self.reset_watch_cache()
+        await self.start(port)
+
+    def reset_watch_cache(self) -> None:
+        """A new process's watch cache: filled from storage at a new resourceVersion."""
+        self.expired_below = int(self._bump())
+        self.watch_state.history.clear()
 
     async def __aenter__(self) -> FakeApiServer:
         await self.start()
@@ -375,6 +399,9 @@ class FakeApiServer:
         if len(parts) == 6 and parts[4] == "configmaps" and req.method == "GET":
             found = self.config_maps.get((parts[3], parts[5]))
             return (200, found) if found else (404, not_found("configmaps", parts[5]))
+        collection = _collection(req.path)
+        if collection is not None and req.method == "GET":
+            return self._list(collection, req.query)
         if req.path.startswith(NFD) and len(parts) > 5 and parts[5] == "nodefeatures":
             if not self.nfd_installed:
                 return 404, no_such_resource()
@@ -385,11 +412,44 @@ class FakeApiServer:
                 return (200, pod) if pod else (404, not_found("pods", parts[5]))
             if parts[4] == "events" and req.method == "POST":
                 return self._event(parts[3], req.body)
+            if parts[4] == "events" and len(parts) == 6:
+                return self._named_event(req, parts[3], parts[5])
         return 404, no_such_resource()
+
+    def _stored_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        for event in self.events:
+            if (event["metadata"]["namespace"], event["metadata"]["name"]) == (namespace, name):
+                return event
+        return None
+
+    def _named_event(self, req: Request, namespace: str, name: str) -> tuple[int, Any]:
+        """GET, or a merge PATCH (resourceVersion, when given, must match: else 409)."""
+        stored = self._stored_event(namespace, name)
+        if stored is None:
+            return 404, not_found("events", name)
+        if req.method == "GET":
+            return 200, stored
+        if req.method != "PATCH":
+            return 405, status(405, "MethodNotAllowed", f"{req.method} is not supported here")
+        patch = req.body or {}
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None:
+            refused = write_refusal("PUT", "events", name, patch, stored)
+            if refused is not None:
+                return refused
+        for key, value in patch.items():
+            if key != "metadata":
+                stored[key] = value
+        stored["metadata"]["resourceVersion"] = self._bump()
+        return 200, stored
 
     def _event(self, namespace: str, event: dict[str, Any]) -> tuple[int, Any]:
         meta = event["metadata"]
         meta.setdefault("name", f"{meta.get('generateName', '')}{next(self._names):05x}")
+        taken = write_refusal("POST", "events", meta["name"], event,
+                              self._stored_event(namespace, meta["name"]))  # fmt: skip
+        if taken is not None:
+            return taken
         meta["namespace"] = namespace
         involved = event.get("involvedObject") or {}
         theirs = involved.get("namespace") or ""
@@ -401,6 +461,18 @@ class FakeApiServer:
         meta["resourceVersion"] = self._bump()
         self.events.append(event)
         return 201, event
+
+    def _list(self, collection: str, query: Mapping[str, str]) -> tuple[int, Any]:
+        """A list of one name (fieldSelector metadata.name): its resourceVersion is the
+        server's current one, which a watch may start from, whatever the item's is."""
+        selector = query.get("fieldSelector", "")
+        if not selector.startswith("metadata.name="):
+            return 400, status(400, "BadRequest", "the stand-in lists by metadata.name only")
+        found = self._current(collection, selector.removeprefix("metadata.name="))
+        kind = "NodeList" if collection == NODES else "ConfigMapList"
+        meta = {"resourceVersion": str(self.version)}
+        return 200, {"kind": kind, "apiVersion": "v1", "metadata": meta,
+                     "items": [found] if found else []}  # fmt: skip
 
     def _node_feature(self, req: Request, ns: str, name: str | None) -> tuple[int, Any]:
         qualified = "nodefeatures.nfd.k8s-sigs.io"
@@ -426,7 +498,9 @@ class FakeApiServer:
             return await self._reply(writer, req, 410, gone)
         stream = self.watch_state.open(collection, req.query, self._current)
         req.code = 200
-        await self.watch_state.serve(stream, writer, self._changed)
+        seconds = req.query.get("timeoutSeconds", "")
+        timeout = int(seconds) / self.time_scale if seconds.isdigit() else None
+        await self.watch_state.serve(stream, writer, self._changed, timeout)
 
     def _current(self, collection: str, name: str) -> dict[str, Any] | None:
         if collection == NODES:

@@ -6,6 +6,7 @@ from typing import Any
 
 REASONS = {
     200: "OK",
+    400: "Bad Request",
     201: "Created",
     403: "Forbidden",
     404: "Not Found",

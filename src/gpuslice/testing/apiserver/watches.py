@@ -86,9 +86,14 @@ class Watches:
         return stream
 
     async def serve(
-        self, stream: Stream, writer: asyncio.StreamWriter, changed: Callable[[], Any]
+        self,
+        stream: Stream,
+        writer: asyncio.StreamWriter,
+        changed: Callable[[], Any],
+        timeout_s: float | None = None,
     ) -> None:
-        """Answer 200 and stream until END or DROP; `changed` is awaited as it opens and ends."""
+        """Answer 200 and stream until END, DROP or `timeout_s` (then a clean end, as the
+        server's timeoutSeconds); `changed` is awaited as it opens and ends."""
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -96,9 +101,15 @@ class Watches:
         await writer.drain()
         self.streams.append(stream)
         await changed()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         try:
             while True:
-                item = await stream.queue.get()
+                left = None if deadline is None else max(deadline - loop.time(), 0.0)
+                try:
+                    item = await asyncio.wait_for(stream.queue.get(), left)
+                except TimeoutError:
+                    item = END
                 if item == DROP:
                     writer.transport.abort()
                     return
