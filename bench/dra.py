@@ -42,6 +42,7 @@ from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
+from gpuslice.testing.kubelet.dra import DraKubeletStandin
 from gpuslice.wiring import plugin_settings
 
 FIGURES = (
@@ -89,10 +90,13 @@ async def dra_rig(
         await frontend.start()
         await frontend.prepare(node.snapshot, node.settings)()
         task = asyncio.create_task(frontend.run())
+        kubelet = DraKubeletStandin(os.path.join(work, "reg"), slices=api.dra, node=NODE)
         try:
+            await kubelet.discover(DRIVER)  # slices are published once registered
             await api.wait_for(lambda s: len(s.dra.node_devices(NODE)) == 8)
             yield api, frontend, node, node.snapshot
         finally:
+            await kubelet.close()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -168,14 +168,19 @@ async def dra_rig(
     config: str | None = None,
     opts: DraOptions | None = None,
     flags: dict[str, str] | None = None,
+    register: bool = True,  # the kubelet registers the plugin at once, as on a node
     **kw: Any,
 ) -> AsyncIterator[DraRig]:
     health = await NodeHealth.open(hardware, node_settings(tmp, config, **(flags or {})))
     snapshot = health.devices.snapshot
     async with FakeApiServer() as api:
-        kubelet = DraKubeletStandin(os.path.join(root, "registry"), os.path.join(root, "cdi"))
+        kubelet = DraKubeletStandin(
+            os.path.join(root, "registry"), os.path.join(root, "cdi"), slices=api.dra, node=NODE
+        )
         rig = DraRig(api, kubelet, root, snapshot, health, opts or DraOptions())
         await rig.start(**kw)
+        if register:
+            await kubelet.discover(DRIVER)
         try:
             yield rig
         finally:

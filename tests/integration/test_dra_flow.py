@@ -220,7 +220,7 @@ async def test_sockets_another_process_serves_are_waited_for(root: str, tmp_path
     service = os.path.join(root, "plugins", DRIVER, "dra.sock")
     old = listening(service)
     try:
-        async with dra_rig(root, tmp_path) as rig:
+        async with dra_rig(root, tmp_path, register=False) as rig:
             await asyncio.wait_for(rig.frontend.blocked.wait(), 5)
             assert not rig.frontend.serving.is_set()
             assert "another process serves" in str(rig.frontend.status()["waitingFor"])

@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PrepareResult
 from gpuslice.core.dra.health import DeviceHealth
+from gpuslice.core.dra.slices import SliceChange
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import GpuRef
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
@@ -566,6 +567,16 @@ class DraEndpoint(Protocol):
         """The kubelet told us (NotifyRegistrationStatus) that it registered the plugin."""
         ...
 
+    @property
+    def registration_changes(self) -> int:
+        """How many times the kubelet told a registration outcome or a registered
+        plugin stopped serving."""
+        ...
+
+    async def wait_registration(self, seen: int) -> int:
+        """Until registration_changes is no longer `seen`; the new count."""
+        ...
+
     async def stop(self) -> None:
         """Stop serving and remove our sockets."""
         ...
@@ -617,4 +628,9 @@ class DraApi(Protocol):
 
     async def delete_slice(self, name: str) -> None:
         """Raises BackendError; a slice already gone is fine."""
+        ...
+
+    def watch_slices(self, node: str, driver: str) -> AsyncIterator[SliceChange]:
+        """One watch of this node's slices of `driver`: those there now as ADDED, then
+        every change, until the server ends it. Raises BackendError when it fails."""
         ...

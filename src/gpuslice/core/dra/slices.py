@@ -9,6 +9,7 @@ The objects are what the API server is sent (resource.k8s.io/v1), as plain JSON.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 
 from gpuslice.core.dra.devices import DraDevice, DraOptions, Json
 
@@ -16,6 +17,16 @@ API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
 MAX_TAINTED = 64
 UNHEALTHY_TAINT = "unhealthy"  # key <driver>/unhealthy
+
+
+@dataclass(frozen=True, slots=True)
+class SliceChange:
+    """One event of a watch on this node's slices: ADDED, MODIFIED, DELETED, BOOKMARK or
+    OPENED (the watch was answered), the slice's name and resourceVersion."""
+
+    kind: str
+    name: str
+    resource_version: str | None
 
 
 def is_unhealthy(device: DraDevice, unhealthy: Collection[str]) -> bool:

@@ -9,7 +9,8 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
   resourceVersion and answers 409 on a mismatch); 404 for every such path while
   `nfd_installed` is False, as when NFD's CRD is missing;
-- resource.k8s.io/v1 ResourceSlices and ResourceClaims (dra.py);
+- resource.k8s.io/v1 ResourceSlices (watched as a collection by field selectors too)
+  and ResourceClaims (dra.py);
 - GET of pods; POST of events (generateName honoured; an Event about a cluster-scoped
   object outside namespace default is refused with 422, as validation does);
 - with `grants` set, every request that no grant covers is refused with 403 Forbidden.
@@ -36,7 +37,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from gpuslice.testing.apiserver.access import Grant, access_of, allowed, forbidden
-from gpuslice.testing.apiserver.dra import DraObjects
+from gpuslice.testing.apiserver.dra import SLICES, DraObjects
 from gpuslice.testing.apiserver.status import (
     REASONS,
     invalid,
@@ -97,7 +98,7 @@ class FakeApiServer:
         self.features: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
-        self.dra = DraObjects(self._bump)  # ResourceSlices and ResourceClaims
+        self.dra = DraObjects(self._bump, self._recorded)  # ResourceSlices and ResourceClaims
         self.requests: list[Request] = []
         self.expired_below = 0
         self.nfd_installed = True
@@ -202,6 +203,10 @@ class FakeApiServer:
     def delete_config_map(self, namespace: str, name: str) -> None:
         obj = self.config_maps.pop((namespace, name))
         self._deleted(_config_maps(namespace), obj)
+
+    def _recorded(self, collection: str, kind: str, obj: dict[str, Any]) -> None:
+        """A change the DRA objects made at the current version (seen by watches)."""
+        self.watch_state.record(self.version, collection, kind, obj)
 
     def _deleted(self, collection: str, obj: dict[str, Any]) -> None:
         obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": self._bump()}}
@@ -421,10 +426,13 @@ class FakeApiServer:
         req.code = 200
         await self.watch_state.serve(stream, writer, self._changed)
 
-    def _current(self, collection: str, name: str) -> dict[str, Any] | None:
+    def _current(self, collection: str) -> list[dict[str, Any]]:
         if collection == NODES:
-            return self.nodes.get(name)
-        return self.config_maps.get((collection.split("/")[4], name))
+            return list(self.nodes.values())
+        if collection == SLICES:
+            return list(self.dra.slices.values())
+        namespace = collection.split("/")[4]
+        return [cm for (ns, _), cm in self.config_maps.items() if ns == namespace]
 
 
 def _config_maps(namespace: str) -> str:
@@ -432,7 +440,8 @@ def _config_maps(namespace: str) -> str:
 
 
 def _collection(path: str) -> str | None:
-    """The watchable collection `path` is (Nodes, a namespace's ConfigMaps), or None."""
+    """The watchable collection `path` is (Nodes, a namespace's ConfigMaps,
+    ResourceSlices), or None."""
     parts = path.strip("/").split("/")
     configmaps = len(parts) == 5 and path.startswith(NAMESPACES) and parts[4] == "configmaps"
-    return path if path == NODES or configmaps else None
+    return path if path in (NODES, SLICES) or configmaps else None
