@@ -63,6 +63,19 @@ class GpuBackend(Protocol):
         ...
 
 
+class TimeSlicer(Protocol):
+    """A GPU's compute-policy time slice, as `nvidia-smi compute-policy --set-timeslice`
+    sets it (Default, Short, Medium, Long). Blocking: run on the backend's worker."""
+
+    def set_time_slice(self, gpu_uuid: str, interval: str) -> None:
+        """Raises BackendError."""
+        ...
+
+    def time_slice(self, gpu_uuid: str) -> str | None:
+        """The interval last set here; None when unknown."""
+        ...
+
+
 class ProcessOwners(Protocol):
     """Which pod each process runs in: the cgroup reader, or the simulated backend."""
 
@@ -604,6 +617,11 @@ class ClaimSpecs(Protocol):
 
     async def remove(self, name: str) -> None:
         """Gone afterwards (also when it was never there). Raises BackendError."""
+        ...
+
+    async def names(self) -> list[str]:
+        """The file names in the directory ([] when it does not exist). Raises
+        BackendError."""
         ...
 
 

@@ -71,6 +71,9 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
     admin: bool = False
+    # GPU memory the scheduler charged the claim on a shared device (its consumed
+    # capacity `memory`), the limit it is held to; None: the whole device's
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,9 @@ class PreparedClaim:
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
     spec: str  # the claim's CDI spec file name ("" when none was needed)
+    # False between PrepareStarted (recorded before the spec is written) and
+    # PrepareCompleted: a claim an agent was killed preparing
+    completed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
