@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from gpuslice.core.dra.capacity import shared_capacity
 from gpuslice.core.dra.devices import DraDevice, DraOptions, Json
 
 API_VERSION = "resource.k8s.io/v1"
@@ -39,9 +40,7 @@ def device_json(device: DraDevice, opts: DraOptions, *, unhealthy: bool = False)
     capacity: dict[str, Json] = {k: {"value": v} for k, v in device.capacity.items()}
     if opts.consumable_shares and device.shared:
         out["allowMultipleAllocations"] = True
-        n = str(device.replicas)
-        policy = {"default": "1", "validRange": {"min": "1", "max": n, "step": "1"}}
-        capacity["shares"] = {"value": n, "requestPolicy": policy}
+        capacity = shared_capacity(device)  # every capacity with a policy: N claims fit
     out["capacity"] = capacity
     if unhealthy:
         taint = {"key": f"{opts.driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}
