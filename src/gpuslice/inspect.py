@@ -9,11 +9,12 @@ from typing import Any
 from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources
+from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources, dra_settings
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
-from gpuslice.core.resources import Resource, unmatched_rule_warnings
+from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.sharing import ResourceSettings
 from gpuslice.wiring import machine_type, open_backend, plugin_settings, toolkit_problem
 
 
@@ -71,20 +72,29 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         ],
     }
     if opts.dra is not None:
-        report.update(dra_report(snapshot, resources, opts.dra, opts))
+        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra, opts))
     return report
 
 
 def dra_report(
-    snapshot: HardwareSnapshot, resources: Sequence[Resource], dra: DraOptions, opts: RunOptions
+    snapshot: HardwareSnapshot,
+    resources: Sequence[Resource],
+    settings: ResourceSettings,
+    dra: DraOptions,
+    opts: RunOptions,
 ) -> dict[str, Any]:
-    """Which front-end serves each resource, and the slices of the DRA devices."""
-    served = dra_resources(resources, opts.dra_device_plugin_resources)
+    """Which front-end serves each resource, and the slices of the DRA devices (DRA's
+    own resources: MIG devices of MIG-enabled GPUs unless --dra-mig-devices=false)."""
+    own = build_resources(snapshot, dra_settings(settings, dra))
+    served = dra_resources(own, opts.dra_device_plugin_resources)
     entries = published(build_devices(snapshot, served), frozenset(), dra)
     node = opts.node_name or platform.node()
-    on_dra = {r.name for r in served}
+    kept = opts.dra_device_plugin_resources
     return {
-        "frontEnds": {r.name: "dra" if r.name in on_dra else "device-plugin" for r in resources},
+        "frontEnds": {
+            **{r.name: "device-plugin" for r in resources if r.name in kept},
+            **{r.name: "dra" for r in served},
+        },
         "resourceSlices": build_slices(entries, node=node, opts=dra, generation=1),
     }
 

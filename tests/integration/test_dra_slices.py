@@ -82,3 +82,14 @@ async def test_a_lost_registration_withdraws_the_slices(root: str, tmp_path: Pat
         assert rig.api.of("DELETE", "resourceslices")
         await rig.kubelet.discover(DRIVER)
         await rig.published(lambda d: len(d) == 8)
+
+
+async def test_mig_devices_are_published_by_default(root: str, tmp_path: Path) -> None:
+    async with dra_rig(root, tmp_path, hardware="a100-40gb-mig-mixed") as rig:
+        devices = await rig.published(lambda d: len(d) == 5)
+        assert sum(d["attributes"]["type"] == {"string": "mig"} for d in devices.values()) == 4
+        mig = next(n for n in sorted(devices) if "-mig-" in n)
+        claim = rig.put_claim("mig", mig)
+        (device,) = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].devices
+        assert any(p.startswith("/dev/nvidia-caps/") for p in
+                   rig.kubelet.resolve_cdi(device.cdi_ids)["deviceNodes"])  # fmt: skip

@@ -29,7 +29,7 @@ import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import build_devices, dra_resources
+from gpuslice.core.dra.devices import build_devices, dra_resources, dra_settings
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
@@ -85,9 +85,8 @@ class DraFrontEnd:
         self.error: GpusliceError | None = None
 
     def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
-        resources = dra_resources(
-            build_resources(snapshot, settings.resources), self._device_plugin
-        )
+        built = build_resources(snapshot, dra_settings(settings.resources, self.publisher.opts))
+        resources = dra_resources(built, self._device_plugin)
         plan = self._view.plan_devices(NAME, snapshot, settings, resources)  # MPS: may raise
         devices = build_devices(snapshot, resources)
 

@@ -46,16 +46,22 @@ class DraObjects:
         *,
         uid: str | None = None,
         allocated: bool = True,
+        annotations: Mapping[str, str] | None = None,
+        requests: Sequence[Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
         """A ResourceClaim as the scheduler leaves it: allocated to `results` (each with
-        request, driver, pool, device) with `config` copied into the allocation."""
+        request, driver, pool, device) with `config` copied into the allocation; the
+        claim's own spec.devices.requests are `requests`."""
         uid = uid or f"claim-uid-{next(self._uids)}"
-        meta = {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": self._bump()}
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid,
+                                "resourceVersion": self._bump()}  # fmt: skip
+        if annotations:
+            meta["annotations"] = dict(annotations)
         claim: dict[str, Any] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": meta,
-            "spec": {"devices": {"requests": []}},
+            "spec": {"devices": {"requests": [dict(r) for r in requests]}},
             "status": {},
         }
         if allocated:
