@@ -15,7 +15,13 @@ from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
 from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.wiring import machine_type, open_backend, plugin_settings, toolkit_problem
+from gpuslice.wiring import (
+    machine_type,
+    open_backend,
+    plugin_settings,
+    time_slicer,
+    toolkit_problem,
+)
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
@@ -36,6 +42,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned
     )
     machine = machine_type(opts, cfg.labels.machine_type_file)
+    slicer = time_slicer(opts)
     labelled = label_node(snapshot, cfg.resources, machine=machine)
     report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
@@ -57,6 +64,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
                 "uuid": g.uuid,
                 "memoryMiB": g.memory_mib,
                 "migEnabled": g.mig_enabled,
+                **({"timeSlice": ts} if (ts := slicer.time_slice(g.uuid)) else {}),
                 "migDevices": len(g.mig_devices),
                 "servedAs": served_as(g.uuid, resources),
             }

@@ -25,6 +25,7 @@ from gpuslice.adapters.dra.checkpoint import ClaimCheckpointFile
 from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
 from gpuslice.adapters.dra.server import DraServer
 from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.fake.time_slices import FakeTimeSlices
 from gpuslice.adapters.kube.dra_api import KubeDraApi
 from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import load_config
@@ -90,6 +91,7 @@ class DraRig:
     frontend: DraFrontEnd = field(init=False)
     task: asyncio.Task[None] | None = None
     client: AsyncClient | None = None
+    slicer: FakeTimeSlices = field(default_factory=FakeTimeSlices)  # the GPUs' time slice
 
     @property
     def registry(self) -> str:
@@ -118,6 +120,7 @@ class DraRig:
             api=api,
             checkpoint=ClaimCheckpointFile(self.plugin_dir),
             specs=ClaimSpecDir(self.cdi_dir),
+            time_slicer=self.slicer,
         )
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)

@@ -68,3 +68,16 @@ def test_mig_devices_are_published_whatever_the_mig_strategy() -> None:
     whole = inspect("--fake-hardware", "a100-40gb-mig-mixed", "--dra", "--dra-mig-devices=false")
     names = [d["name"] for d in whole["resourceSlices"][0]["spec"]["devices"]]
     assert names == ["gpu-0000-00-04-0", "gpu-0000-00-05-0"]
+
+
+def test_inspect_shows_the_simulated_gpus_time_slice(tmp_path: Path) -> None:
+    from gpuslice.adapters.fake import FakeBackend
+    from gpuslice.adapters.fake.time_slices import FakeTimeSlices
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    uuid = FakeBackend.from_spec("t4").snapshot().gpus[0].uuid
+    FakeTimeSlices(events).set_time_slice(uuid, "Medium")  # as the agent's prepare does
+    report = inspect("--fake-hardware", "t4", "--fake-events", str(events))
+    assert report["gpus"][0]["timeSlice"] == "Medium"
+    assert "timeSlice" not in inspect("--fake-hardware", "t4")["gpus"][0]

@@ -238,3 +238,14 @@ def listening(path: str) -> socket.socket:
     sock.bind(path)
     sock.listen()
     return sock
+
+
+async def test_a_time_slicing_interval_is_set_on_the_gpu(rig: DraRig) -> None:
+    """As NVIDIA's driver: a GpuConfig's TimeSlicing interval becomes the GPU's
+    compute-policy time slice, through the backend (simulated here)."""
+    await rig.published(lambda d: GPU0 in d)
+    long = gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"})
+    claim = rig.put_claim("long", GPU0, config=[long])
+    assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""
+    assert rig.slicer.time_slice(rig.gpu(0)) == "Long"
+    assert rig.slicer.time_slice(rig.gpu(1)) is None
