@@ -38,7 +38,12 @@ FIGURES = {
     "dra_prepare_1_p99",
     "dra_prepare_8_p50",
     "dra_prepare_8_p99",
+    "dra_prepare_shares_p50",
+    "dra_prepare_shares_p99",
+    "dra_prepare_mig_p50",
+    "dra_prepare_mig_p99",
     "dra_publish_after_health_p99",
+    "dra_slice_repair_p99",
     "upgrade_gap",
 }
 

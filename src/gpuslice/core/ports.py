@@ -603,8 +603,9 @@ class ClaimCheckpoint(Protocol):
         the file is unreadable or not a checkpoint."""
         ...
 
-    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the checkpoint atomically. Raises BackendError."""
+    async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
+        """Replace the checkpoint atomically (and, when `durable`, so that it survives a
+        crash of the node). Raises BackendError."""
         ...
 
 

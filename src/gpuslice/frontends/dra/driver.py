@@ -262,7 +262,7 @@ class DraDriver:
 
     async def _record(self, claim: PreparedClaim) -> None:
         """The claim in the checkpoint (on disk first, then here). Raises BackendError."""
-        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim})
+        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=False)
         self.prepared[claim.ref.uid] = claim
 
     async def _roll_back(self, uid: str, spec: str) -> None:
@@ -284,7 +284,7 @@ class DraDriver:
             if done.spec:
                 await self._specs.remove(done.spec)
             remaining = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
-            await self._checkpoint.save(remaining)
+            await self._checkpoint.save(remaining, durable=False)
         except BackendError as exc:
             log.error("dra_unprepare_failed", claim=str(done.ref), uid=ref.uid, error=str(exc))
             return f"claim {done.ref}: {exc}"
