@@ -58,8 +58,10 @@ FIGURES = (
     "dra_publish_after_health_p99",
     "dra_slice_repair_p99",
 )
-SHARED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n" \
+SHARED = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
     "      - {name: nvidia.com/gpu, replicas: 4}\n"
+)
 NODE, DRIVER = "bench-node", "gpu.nvidia.com"
 KUBELET_TIMEOUT_MS = 45_000.0
 BLOCK = 10
@@ -74,17 +76,22 @@ class _Noop(dra_grpc.DRAPluginServicer):
         return self.answer
 
 
+def _flags(work: str, *, shares: bool) -> dict[str, str]:
+    """The agent's flags: with `shares`, a config replicating each GPU 4 times."""
+    if not shares:
+        return {}
+    path = Path(work, "config.yaml")
+    path.write_text(SHARED)
+    return {"config-file": str(path)}
+
+
 @contextlib.asynccontextmanager
 async def dra_rig(
     work: str, hardware: str = "dgx-a100", *, shares: bool = False
 ) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, NodeDevices, HardwareSnapshot]]:
     node = NodeDevices(lambda: FakeBackend.from_spec(hardware))
     await node.open()
-    flags = {}
-    if shares:
-        Path(work, "config.yaml").write_text(SHARED)
-        flags["config-file"] = str(Path(work, "config.yaml"))
-    options = resolve_options(flags)
+    options = resolve_options(_flags(work, shares=shares))
     node.commit(await node.read(), plugin_settings(load_config(options), options))
     count = len(node.snapshot.gpus) + sum(len(g.mig_devices) for g in node.snapshot.gpus)
     async with FakeApiServer() as api:

@@ -31,7 +31,7 @@ from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dra_harness import DRIVER, NODE, NodeHealth, node_settings  # noqa: E402
+from dra_harness import DRIVER, NODE, NodeHealth, node_settings
 
 
 class Steps:
@@ -54,7 +54,7 @@ class Steps:
             await self._pause()
 
     async def _pause(self) -> None:
-        Path(self.root, "paused").write_text(str(self.done))
+        await asyncio.to_thread(Path(self.root, "paused").write_text, str(self.done))
         await asyncio.Event().wait()  # until killed
 
 

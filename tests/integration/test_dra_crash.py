@@ -48,14 +48,23 @@ class Agent:
         )  # fmt: skip
 
     async def paused(self) -> None:
-        async with asyncio.timeout(20):
-            while not os.path.exists(os.path.join(self.root, "paused")):
-                await asyncio.sleep(0.02)
+        """Until the process says it stopped at its step (a file it writes)."""
+        marker = os.path.join(self.root, "paused")
+        for _ in range(1000):
+            if await asyncio.to_thread(os.path.exists, marker):
+                return
+            await asyncio.sleep(0.02)
+        raise TimeoutError("the agent never reached its step")
 
     async def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def specs(root: str) -> list[str]:
@@ -120,18 +129,15 @@ async def test_killed_while_unpreparing(root: str, step: str) -> None:
 
 
 async def test_an_orphan_spec_is_swept_at_start(root: str, tmp_path: Path) -> None:
-    orphan = "k8s.gpu.nvidia.com-claim_gone-uid.json"
-    os.makedirs(os.path.join(root, "cdi"))
-    Path(root, "cdi", orphan).write_text("{}")
-    Path(root, "cdi", "nvidia.yaml").write_text("kind: nvidia.com/gpu\n")  # not ours: kept
+    write(Path(root, "cdi", "k8s.gpu.nvidia.com-claim_gone-uid.json"), "{}")
+    write(Path(root, "cdi", "nvidia.yaml"), "kind: nvidia.com/gpu\n")  # not ours: kept
     async with dra_rig(root, tmp_path):
         assert specs(root) == ["nvidia.yaml"]
 
 
 async def test_an_unreadable_checkpoint_refuses_in_one_line(root: str, tmp_path: Path) -> None:
     plugin_dir = Path(root, "plugins", DRIVER)
-    plugin_dir.mkdir(parents=True)
-    (plugin_dir / "checkpoint.json").write_text("{not json")
+    write(plugin_dir / "checkpoint.json", "{not json")
     async with dra_rig(root, tmp_path) as rig:
         claim = rig.put_claim("a", GPU0)
         refused = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]]
@@ -141,5 +147,5 @@ async def test_an_unreadable_checkpoint_refuses_in_one_line(root: str, tmp_path:
         (gone,) = (await rig.kubelet.unprepare(DRIVER, [("ml", "uid-x", "x")])).values()
         assert gone == refused.error
         assert rig.spec_files() == []
-        (plugin_dir / "checkpoint.json").unlink()  # moved away: the next call works
+        os.unlink(plugin_dir / "checkpoint.json")  # moved away: the next call works
         assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from agent_harness import remove_dir, short_dir
-from dra_harness import DRIVER, NODE, DraRig, dra_rig
+from dra_harness import DRIVER, DraRig, dra_rig
 
 from gpuslice.core.dra.devices import DraOptions
 from gpuslice.testing.dra_allocator import allocate, charge
@@ -70,7 +70,9 @@ async def test_claims_asking_memory_are_charged_by_it(root: str, tmp_path: Path)
         placed = allocate(list(devices.values()), [{"memory": "4Gi"}] * 16)
         assert sum(p is not None for p in placed) == 4 * min(per_gpu, 4)
         first = placed[0]
-        assert first is not None and first[1]["memory"] == 4 * GIB and first[1]["shares"] == 1
+        assert first is not None
+        assert first[1]["memory"] == 4 * GIB
+        assert first[1]["shares"] == 1
 
 
 async def test_the_charge_and_share_id_reach_the_node(root: str, tmp_path: Path) -> None:

@@ -208,7 +208,7 @@ class Labeller:
                     reported = self._error
                     failed("labels_failed", error=reported, retry_s=wait)
                     await self._notify()
-                if failures:
+                if failures and wait is not None:
                     await self._back_off(stop, wait)
                 else:
                     await self._sleep(stop, wait)

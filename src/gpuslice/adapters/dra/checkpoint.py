@@ -101,8 +101,9 @@ class ClaimCheckpointFile:
 
 def _encode(claim: PreparedClaim) -> _Claim:
     devices = [
-        _Device(list(d.requests), d.pool, d.device, list(d.cdi_ids), d.share_id, d.admin,
-                d.memory_mib)  # fmt: skip
+        _Device(
+            list(d.requests), d.pool, d.device, list(d.cdi_ids), d.share_id, d.admin, d.memory_mib
+        )
         for d in claim.devices
     ]
     state = COMPLETED if claim.completed else STARTED
@@ -111,8 +112,9 @@ def _encode(claim: PreparedClaim) -> _Claim:
 
 def _decode(uid: str, claim: _Claim) -> PreparedClaim:
     devices = tuple(
-        PreparedDevice(tuple(d.requests), d.pool, d.device, tuple(d.cdi_ids), d.share_id, d.admin,
-                       d.memory_mib)  # fmt: skip
+        PreparedDevice(
+            tuple(d.requests), d.pool, d.device, tuple(d.cdi_ids), d.share_id, d.admin, d.memory_mib
+        )
         for d in claim.devices
     )
     ref = ClaimRef(claim.namespace, uid, claim.name)

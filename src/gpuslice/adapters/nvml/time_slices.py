@@ -30,16 +30,14 @@ class NvidiaSmiTimeSlices:
         level = INTERVALS.index(interval)
         command = [self.binary, "compute-policy", "-i", gpu_uuid, f"--set-timeslice={level}"]
         try:
-            done = subprocess.run(  # noqa: S603 - fixed arguments, no shell
+            done = subprocess.run(  # fixed arguments, no shell
                 command, capture_output=True, timeout=TIMEOUT_S, check=False
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BackendError(f"{' '.join(command)}: {exc}") from None
         if done.returncode != 0:
             said = " ".join((done.stderr or done.stdout).decode(errors="replace").split())
-            raise BackendError(
-                f"{' '.join(command)}: exit {done.returncode}: {said[:MAX_OUTPUT]}"
-            )
+            raise BackendError(f"{' '.join(command)}: exit {done.returncode}: {said[:MAX_OUTPUT]}")
         with self._lock:
             self._set[gpu_uuid] = interval
 

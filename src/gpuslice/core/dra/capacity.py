@@ -48,8 +48,8 @@ def _range(default: int, top: int, unit: str) -> Json:
 
 def charged_memory_mib(consumed: Mapping[str, object], where: str) -> int | None:
     """The memory a claim was charged (consumedCapacity.memory), in MiB; None when the
-    allocation charges none (a device not shared by capacity). Raises ConfigError
-(a quantity that is not one)."""
+        allocation charges none (a device not shared by capacity). Raises ConfigError
+    (a quantity that is not one)."""
     value = consumed.get(MEMORY)
     if value is None:
         return None

@@ -14,17 +14,18 @@ kubelet shows on the pod.
 Crash-safe in two phases: a claim is recorded PrepareStarted before its spec is written
 and PrepareCompleted after; unprepare removes the spec before the entry. At start the
 claims left started (or whose spec an unprepare already removed) are rolled back and
-every spec of ours that no completed claim names is removed, so an agent killed at any step leaks no spec and loses no claim. An
-unreadable checkpoint is not taken for an empty one: prepare and unprepare refuse in one
-line (their answer would be a guess, and specs could stay behind) until it reads again.
+every spec of ours that no completed claim names is removed, so an agent killed at any
+step leaks no spec and loses no claim. An unreadable checkpoint is not taken for an
+empty one: prepare and unprepare refuse in one line (their answer would be a guess, and
+specs could stay behind) until it reads again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import structlog
 
@@ -131,7 +132,7 @@ class DraDriver:
             log.error("dra_sweep_failed", error=str(exc))
 
     async def _readable(self) -> str:
-        """"" once the checkpoint was read (again, after it was not); else why not."""
+        """ "" once the checkpoint was read (again, after it was not); else why not."""
         if self.checkpoint_error:
             await self.restore()
         if not self.checkpoint_error:
