@@ -93,3 +93,18 @@ async def test_mig_devices_are_published_by_default(root: str, tmp_path: Path) -
         (device,) = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].devices
         assert any(p.startswith("/dev/nvidia-caps/") for p in
                    rig.kubelet.resolve_cdi(device.cdi_ids)["deviceNodes"])  # fmt: skip
+
+
+async def test_a_broken_slice_watch_is_opened_again(root: str, tmp_path: Path) -> None:
+    """The watch dies mid-stream and the next read of the slices is answered with garbage:
+    the agent opens the watch again, re-reads, and still repairs what is deleted later."""
+    async with dra_rig(root, tmp_path) as rig:
+        await rig.published(lambda d: len(d) == 8)
+        opened = len(rig.api.watches("resourceslices"))
+        rig.api.corrupt_next("GET", "resourceslices")
+        rig.api.drop_watches()
+        await rig.api.wait_for(lambda s: len(s.watches("resourceslices")) > opened)
+        await rig.api.wait_for(lambda s: s.open_watches("resourceslices") == 1)
+        assert rig.api.answered(200)
+        rig.api.dra.delete_slice(NAME)
+        await rig.published(lambda d: len(d) == 8)
