@@ -1,5 +1,6 @@
 """FakeApiServer: the part of the Kubernetes REST API the agent uses, over real HTTP/1.1
-on 127.0.0.1 (one request per connection), with the answers a real API server gives.
+on 127.0.0.1 (a connection kept open between plain answers, as a real server keeps it),
+with the answers a real API server gives.
 
 - GET /api/v1/nodes/<name>; GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=<n>
   (replays history after resourceVersion, then streams chunked JSON lines; BOOKMARK
@@ -288,7 +289,8 @@ class FakeApiServer:
         assert task is not None
         self._handlers.add(task)
         try:
-            await self._serve_one(reader, writer)
+            while await self._serve_one(reader, writer):
+                pass  # kept alive, as an API server keeps a client's connection
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:  # close(): this connection's task ends quietly
@@ -297,8 +299,15 @@ class FakeApiServer:
             self._handlers.discard(task)
             writer.close()
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One request; True when the connection stays open for the next (a plain
+        answer to a client that did not ask to close)."""
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+            return False  # the client closed its kept-alive connection
         method, target, _ = head[0].split(" ", 2)
         headers = {
             k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in head[1:] if h)
@@ -325,11 +334,15 @@ class FakeApiServer:
                 self._corruptions.remove(corruption)
                 how = corruption[2]
                 broken = (how, "") if isinstance(how, bytes) else _corrupt(how)
-                return await self._reply_raw(writer, req, *broken)
+                await self._reply_raw(writer, req, *broken)
+                return False
         if refused is None and req.is_watch:
-            return await self._watch(req, writer)
+            await self._watch(req, writer)
+            return False
         code, body = refused or self._route(req)
-        await self._reply(writer, req, code, body)
+        keep = headers.get("connection", "").lower() != "close"
+        await self._reply(writer, req, code, body, keep=keep)
+        return keep
 
     def _refusal(self, req: Request) -> tuple[int, Any] | None:
         """403 when grants are enforced and none covers the request."""
@@ -339,9 +352,15 @@ class FakeApiServer:
         return 403, forbidden(access, self.user)
 
     async def _reply(
-        self, writer: asyncio.StreamWriter, req: Request, code: int, body: Any
+        self,
+        writer: asyncio.StreamWriter,
+        req: Request,
+        code: int,
+        body: Any,
+        *,
+        keep: bool = False,
     ) -> None:
-        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code)
+        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code, keep=keep)
 
     async def _reply_raw(
         self,
@@ -351,12 +370,14 @@ class FakeApiServer:
         encoding: str = "",
         *,
         code: int = 200,
+        keep: bool = False,
     ) -> None:
         req.code = code
         coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
+        connection = "keep-alive" if keep else "close"
         writer.write(
             f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"{coding}Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            f"{coding}Content-Length: {len(data)}\r\nConnection: {connection}\r\n\r\n".encode()
             + data
         )
         await writer.drain()
