@@ -1,7 +1,7 @@
 """The DRA agent killed (SIGKILL, a real process) at each step of prepare and unprepare:
 after a restart no CDI spec outlives its claim and no prepared claim is lost; the
 kubelet's retry completes the call. An unreadable checkpoint makes calls refuse in one
-line instead of starting empty."""
+line instead of starting empty, and the slices are withdrawn until it reads again."""
 
 from __future__ import annotations
 
@@ -139,6 +139,9 @@ async def test_an_unreadable_checkpoint_refuses_in_one_line(root: str, tmp_path:
     plugin_dir = Path(root, "plugins", DRIVER)
     write(plugin_dir / "checkpoint.json", "{not json")
     async with dra_rig(root, tmp_path) as rig:
+        await asyncio.wait_for(rig.frontend.withheld.wait(), 5)
+        assert rig.api.dra.node_slices(NODE) == []  # nothing published could be prepared
+        assert "checkpointError" in rig.frontend.status()
         claim = rig.put_claim("a", GPU0)
         refused = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]]
         assert refused.error.startswith(f"DRA checkpoint {plugin_dir}/checkpoint.json: ")
@@ -147,5 +150,6 @@ async def test_an_unreadable_checkpoint_refuses_in_one_line(root: str, tmp_path:
         (gone,) = (await rig.kubelet.unprepare(DRIVER, [("ml", "uid-x", "x")])).values()
         assert gone == refused.error
         assert rig.spec_files() == []
-        os.unlink(plugin_dir / "checkpoint.json")  # moved away: the next call works
+        os.unlink(plugin_dir / "checkpoint.json")  # moved away: read again, published again
+        await rig.published(lambda d: GPU0 in d)
         assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""

@@ -99,13 +99,22 @@ class DraDriver:
         try:
             self.prepared = await self._checkpoint.load()
         except BackendError as exc:
+            if str(exc) != self.checkpoint_error:
+                log.error("dra_checkpoint_unreadable", error=str(exc))
             self.checkpoint_error = str(exc)
-            log.error("dra_checkpoint_unreadable", error=str(exc))
             return
+        if self.checkpoint_error:
+            log.info("dra_checkpoint_readable")
         self.checkpoint_error = ""
         if self.prepared:
             log.info("dra_claims_restored", claims=len(self.prepared))
         await self._sweep()
+
+    async def read_checkpoint_again(self) -> None:
+        """While the checkpoint is unreadable: try again (between calls)."""
+        async with self._lock:
+            if self.checkpoint_error:
+                await self.restore()
 
     async def _sweep(self) -> None:
         """Claims left PrepareStarted are rolled back, and so are claims whose spec is

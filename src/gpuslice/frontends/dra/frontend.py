@@ -127,7 +127,11 @@ class DraFrontEnd:
         return NAME
 
     def ready(self) -> bool:
-        return self.endpoint.registered() and not self.publisher.pending
+        return (
+            self.endpoint.registered()
+            and not self.publisher.pending
+            and not self.driver.checkpoint_error
+        )
 
     def status(self) -> Mapping[str, object]:
         out: dict[str, Any] = {
@@ -140,6 +144,8 @@ class DraFrontEnd:
         }
         if self.publish_error:
             out["publishError"] = self.publish_error
+        if self.driver.checkpoint_error:
+            out["checkpointError"] = self.driver.checkpoint_error
         if self.waiting_for:
             out["waitingFor"] = self.waiting_for
         if self._find_toolkit is not None and self.driver.toolkit.problem:
@@ -183,6 +189,9 @@ class DraFrontEnd:
             self._poked.clear()
             await self.driver.refresh_health()
             delay: float | None = None
+            if self.driver.checkpoint_error:
+                await self.driver.read_checkpoint_again()
+                delay = self._check_s  # until it reads: nothing can be prepared
             try:
                 if changes != registrations:
                     self.publisher.stale = True  # every registration re-reads the slices
@@ -197,9 +206,11 @@ class DraFrontEnd:
             await self._wait(seen, changes, delay)
 
     async def _publish_or_withdraw(self, attempt: int) -> None:
-        """Publish while registered; withdraw once a registration was lost; before the
-        first one, leave the slices alone (an earlier agent's stay until then)."""
-        if self.endpoint.registered():
+        """Publish while registered; withdraw once a registration was lost, and while the
+        checkpoint cannot be read (every prepare would be refused); before the first
+        registration, leave the slices alone (an earlier agent's stay until then)."""
+        unreadable = bool(self.driver.checkpoint_error)
+        if self.endpoint.registered() and not unreadable:
             self._was_registered, self._withdrawn = True, False
             entries = published(
                 self.driver.devices.values(), self._view.unhealthy, self.publisher.opts
@@ -209,7 +220,8 @@ class DraFrontEnd:
                 self.published = asyncio.Event()
             return
         self.withheld.set()
-        if self._was_registered and (not self._withdrawn or self.publisher.stale):
+        gone = self._was_registered or unreadable
+        if gone and (not self._withdrawn or self.publisher.stale):
             await self.publisher.withdraw()
             self._withdrawn = True
 
