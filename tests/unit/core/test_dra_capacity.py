@@ -32,7 +32,8 @@ def test_n_default_charges_fit_and_policies_are_valid(replicas: int) -> None:
             bounds = policy["validRange"]
             low, high, step = (quantity(bounds[k]) for k in ("min", "max", "step"))
             assert low <= default <= high <= quantity(entry["value"]), name
-            assert default % step == 0 and high % step == 0, name
+            assert default % step == 0, name
+            assert high % step == 0, name
         else:
             assert policy["default"] in policy["validValues"], name
         charged = charge(entry, None)
