@@ -468,6 +468,18 @@ def values_schema() -> dict[str, Any]:
                 ),
                 "consumableShares": {**enabled, "description": "GPUSLICE_DRA_CONSUMABLE_SHARES"},
                 "taintUnhealthy": {**enabled, "description": "GPUSLICE_DRA_TAINT_UNHEALTHY"},
+                "migDevices": {**enabled, "description": "GPUSLICE_DRA_MIG_DEVICES"},
+                "extendedResourceName": _text(
+                    "the extended resource of the gpuClass DeviceClass (1.36); auto: "
+                    "nvidia.com/gpu unless kept on the device plugin; empty: none",
+                    pattern=f"^(auto|{resource_name.strip('^$')})?$",
+                ),
+                "sharedClass": _text(
+                    "a DeviceClass of shared GPUs; empty: none", pattern=f"^({DNS_SUBDOMAIN})?$"
+                ),
+                "sharedExtendedResourceName": _text(
+                    "the extended resource of sharedClass", pattern=resource_name
+                ),
             },
             ["enabled", "driverName", "devicePluginResources", "gpuClass", "migClass"],
         ),

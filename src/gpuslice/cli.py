@@ -299,7 +299,7 @@ async def _until_signalled(
 
 
 @main.command()
-@hardware_options(events=False)
+@hardware_options(events=True)
 @flag_options("inspect")
 @click.option(
     "--output",

@@ -9,18 +9,19 @@ from typing import Any
 from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources
+from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources, dra_settings
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.isolation import detect
 from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
-from gpuslice.core.resources import Resource, unmatched_rule_warnings
-from gpuslice.core.sharing import MPS
+from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.sharing import MPS, ResourceSettings
 from gpuslice.wiring import (
     isolation_facts,
     machine_type,
     open_backend,
     plugin_settings,
+    time_slicer,
     toolkit_problem,
 )
 
@@ -46,6 +47,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     mps = frozenset(d.gpu_uuid for r in resources if r.sharing == MPS for d in r.devices)
     isolation = {g.uuid: g for g in detect(snapshot, facts, mps)}
     machine = machine_type(opts, cfg.labels.machine_type_file)
+    slicer = time_slicer(opts)
     labelled = label_node(snapshot, cfg.resources, machine=machine)
     report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
@@ -67,6 +69,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
                 "uuid": g.uuid,
                 "memoryMiB": g.memory_mib,
                 "migEnabled": g.mig_enabled,
+                **({"timeSlice": ts} if (ts := slicer.time_slice(g.uuid)) else {}),
                 "migDevices": len(g.mig_devices),
                 "servedAs": served_as(g.uuid, resources),
                 "memoryIsolation": {
@@ -87,20 +90,29 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         ],
     }
     if opts.dra is not None:
-        report.update(dra_report(snapshot, resources, opts.dra, opts))
+        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra, opts))
     return report
 
 
 def dra_report(
-    snapshot: HardwareSnapshot, resources: Sequence[Resource], dra: DraOptions, opts: RunOptions
+    snapshot: HardwareSnapshot,
+    resources: Sequence[Resource],
+    settings: ResourceSettings,
+    dra: DraOptions,
+    opts: RunOptions,
 ) -> dict[str, Any]:
-    """Which front-end serves each resource, and the slices of the DRA devices."""
-    served = dra_resources(resources, opts.dra_device_plugin_resources)
+    """Which front-end serves each resource, and the slices of the DRA devices (DRA's
+    own resources: MIG devices of MIG-enabled GPUs unless --dra-mig-devices=false)."""
+    own = build_resources(snapshot, dra_settings(settings, dra))
+    served = dra_resources(own, opts.dra_device_plugin_resources)
     entries = published(build_devices(snapshot, served), frozenset(), dra)
     node = opts.node_name or platform.node()
-    on_dra = {r.name for r in served}
+    kept = opts.dra_device_plugin_resources
     return {
-        "frontEnds": {r.name: "dra" if r.name in on_dra else "device-plugin" for r in resources},
+        "frontEnds": {
+            **{r.name: "device-plugin" for r in resources if r.name in kept},
+            **{r.name: "dra" for r in served},
+        },
         "resourceSlices": build_slices(entries, node=node, opts=dra, generation=1),
     }
 

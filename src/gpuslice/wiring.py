@@ -56,6 +56,7 @@ from gpuslice.core.ports import (
     PodEvents,
     PodResources,
     ProcessOwners,
+    TimeSlicer,
 )
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
@@ -204,6 +205,18 @@ def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
     return DirWatcher(path, names, poll_interval=0.5)
 
 
+def time_slicer(opts: RunOptions) -> TimeSlicer:
+    """The GPUs' compute-policy time slice: simulated beside the fake events file, else
+    nvidia-smi's."""
+    if opts.fake_hardware:
+        from gpuslice.adapters.fake.time_slices import FakeTimeSlices
+
+        return FakeTimeSlices(opts.fake_events or None)
+    from gpuslice.adapters.nvml.time_slices import NvidiaSmiTimeSlices
+
+    return NvidiaSmiTimeSlices()
+
+
 def control_devices(opts: RunOptions) -> tuple[str, ...]:
     if opts.fake_hardware:
         return ()
@@ -272,6 +285,7 @@ def dra_front_end(
         specs=ClaimSpecDir(opts.cdi_spec_dir),
         control_devices=control_devices(opts),
         shares=shares,
+        time_slicer=time_slicer(opts),
     )
     return DraFrontEnd(
         devices,

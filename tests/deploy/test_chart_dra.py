@@ -63,6 +63,7 @@ def test_the_agent_gets_dra_flags_it_accepts_and_the_plugin_directories() -> Non
         "GPUSLICE_DRA_DEVICE_PLUGIN_RESOURCES": "nvidia.com/gpu",
         "GPUSLICE_DRA_CONSUMABLE_SHARES": "true",
         "GPUSLICE_DRA_TAINT_UNHEALTHY": "false",
+        "GPUSLICE_DRA_MIG_DEVICES": "true",
         "GPUSLICE_DRA_PLUGINS_DIR": f"{KUBELET}/plugins",
         "GPUSLICE_DRA_REGISTRY_DIR": f"{KUBELET}/plugins_registry",
     }
@@ -207,3 +208,33 @@ def test_before_1_34_dra_is_left_out_and_notes_say_so() -> None:
 def test_a_bad_driver_name_fails_at_install_naming_its_path() -> None:
     with pytest.raises(Exception, match="at '/dra/driverName': 'GPU!' does not match pattern"):
         tool().render(CHART, {"dra": {"enabled": True, "driverName": "GPU!"}})
+
+
+def classes_of(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    gen = tool()
+    objects = tuple(gen.objects(gen.render(CHART, {"dra": {"enabled": True, **values}})))
+    return {c["metadata"]["name"]: c["spec"] for c in of_kind(objects, "DeviceClass")}
+
+
+def test_unchanged_pods_asking_nvidia_com_gpu_are_served_through_dra() -> None:
+    """KEP-5004: the GPU class names nvidia.com/gpu where the device plugin does not keep
+    it, so the scheduler serves `nvidia.com/gpu: 1` from the slices; never the MIG class."""
+    classes = classes_of({})
+    assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["mig.nvidia.com"]
+    kept = classes_of({"devicePluginResources": ["nvidia.com/gpu"]})
+    assert "extendedResourceName" not in kept["gpu.nvidia.com"]
+    off = classes_of({"extendedResourceName": ""})
+    assert "extendedResourceName" not in off["gpu.nvidia.com"]
+
+
+def test_a_shared_class_serves_the_renamed_shared_resource() -> None:
+    classes = classes_of({"sharedClass": "gpu-shared.nvidia.com"})
+    shared = classes["gpu-shared.nvidia.com"]
+    assert shared["extendedResourceName"] == "nvidia.com/gpu.shared"
+    (selector,) = shared["selectors"]
+    devices = published_devices()
+    whole = next(d for d in devices if "-mig-" not in d["name"])
+    as_shared = {**whole, "attributes": {**whole["attributes"], "sharing": {"string": "mps"}}}
+    assert not selects(selector["cel"]["expression"], cel_device(whole, "gpu.nvidia.com"))
+    assert selects(selector["cel"]["expression"], cel_device(as_shared, "gpu.nvidia.com"))

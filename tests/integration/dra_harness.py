@@ -25,6 +25,7 @@ from gpuslice.adapters.dra.checkpoint import ClaimCheckpointFile
 from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
 from gpuslice.adapters.dra.server import DraServer
 from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.fake.time_slices import FakeTimeSlices
 from gpuslice.adapters.kube.dra_api import KubeDraApi
 from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import load_config
@@ -93,6 +94,7 @@ class DraRig:
     frontend: DraFrontEnd = field(init=False)
     task: asyncio.Task[None] | None = None
     client: AsyncClient | None = None
+    slicer: FakeTimeSlices = field(default_factory=FakeTimeSlices)  # the GPUs' time slice
 
     @property
     def registry(self) -> str:
@@ -121,6 +123,7 @@ class DraRig:
             api=api,
             checkpoint=ClaimCheckpointFile(self.plugin_dir),
             specs=ClaimSpecDir(self.cdi_dir),
+            time_slicer=self.slicer,
         )
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)
@@ -172,14 +175,19 @@ async def dra_rig(
     opts: DraOptions | None = None,
     flags: dict[str, str] | None = None,
     cdi: CdiSpecs | None = None,  # the node's CDI specs (its toolkit lookup followed)
+    register: bool = True,  # the kubelet registers the plugin at once, as on a node
     **kw: Any,
 ) -> AsyncIterator[DraRig]:
     health = await NodeHealth.open(hardware, node_settings(tmp, config, **(flags or {})), cdi)
     snapshot = health.devices.snapshot
     async with FakeApiServer() as api:
-        kubelet = DraKubeletStandin(os.path.join(root, "registry"), os.path.join(root, "cdi"))
+        kubelet = DraKubeletStandin(
+            os.path.join(root, "registry"), os.path.join(root, "cdi"), slices=api.dra, node=NODE
+        )
         rig = DraRig(api, kubelet, root, snapshot, health, opts or DraOptions())
         await rig.start(**kw)
+        if register:
+            await kubelet.discover(DRIVER)
         try:
             yield rig
         finally:

@@ -55,7 +55,8 @@ async def start(
     running = await launcher.start(hardware, flags=flags, wait_ready=False, **kw)
     dra = DraKubeletStandin(flags["dra-registry-dir"], launcher.cdi_spec_dir)
     await dra.discover(DRIVER)
-    await running.until_ready()  # DRA registered and its slices published
+    await running.until_ready()
+    await api.wait_for(lambda s: bool(s.dra.node_slices(NODE)))  # published once registered
     return running, dra
 
 

@@ -55,3 +55,29 @@ def test_without_dra_nothing_of_it_is_printed_and_a_bad_driver_name_is_one_line(
         "lower-case characters"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_mig_devices_are_published_whatever_the_mig_strategy() -> None:
+    """As NVIDIA's DRA driver: a MIG-enabled GPU is published as its MIG devices with the
+    default flags (migStrategy none), unless --dra-mig-devices=false says otherwise."""
+    report = inspect("--fake-hardware", "a100-40gb-mig-mixed", "--dra")
+    names = [d["name"] for d in report["resourceSlices"][0]["spec"]["devices"]]
+    assert len(names) == 5
+    assert sum("-mig-" in n for n in names) == 4
+    assert "gpu-0000-00-04-0" not in names  # the MIG-enabled parent is not whole
+    whole = inspect("--fake-hardware", "a100-40gb-mig-mixed", "--dra", "--dra-mig-devices=false")
+    names = [d["name"] for d in whole["resourceSlices"][0]["spec"]["devices"]]
+    assert names == ["gpu-0000-00-04-0", "gpu-0000-00-05-0"]
+
+
+def test_inspect_shows_the_simulated_gpus_time_slice(tmp_path: Path) -> None:
+    from gpuslice.adapters.fake import FakeBackend
+    from gpuslice.adapters.fake.time_slices import FakeTimeSlices
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    uuid = FakeBackend.from_spec("t4").snapshot().gpus[0].uuid
+    FakeTimeSlices(events).set_time_slice(uuid, "Medium")  # as the agent's prepare does
+    report = inspect("--fake-hardware", "t4", "--fake-events", str(events))
+    assert report["gpus"][0]["timeSlice"] == "Medium"
+    assert "timeSlice" not in inspect("--fake-hardware", "t4")["gpus"][0]

@@ -29,7 +29,7 @@ NOT_SHOWN = {
                 "--namespace", "--dra-plugins-dir", "--dra-registry-dir", "--kubeconfig",
                 "--pod-name", "--labels",
                 "--oneshot", "--sleep-interval", "--output-file", "--no-timestamp",
-                "--fake-events", "--log-level", "--log-format", "--device-list-strategy",
+                "--log-level", "--log-format", "--device-list-strategy",
                 "--fail-on-init-error", "--use-node-feature-api", "--config-file-srcdir"],
     "demo": ["--config-file", "--kubelet-socket", "--log-format"],
     "config validate": ["--config-file", "--fake-hardware", "--mig-strategy"],
@@ -41,7 +41,7 @@ SHOWN = {
                "--config-file", "--fake-hardware", "--log-level", "--log-format"],
     "inspect": ["--config-file", "--config-name", "--fake-hardware", "--mig-strategy",
                 "--output", "--dra", "--dra-driver-name", "--dra-device-plugin-resources",
-                "--node-name"],
+                "--dra-mig-devices", "--fake-events", "--node-name"],
     "demo": ["--profile", "--verbose"],
     "config validate": ["--config-name"],
 }  # fmt: skip

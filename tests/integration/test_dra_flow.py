@@ -274,7 +274,7 @@ async def test_sockets_another_process_serves_are_waited_for(root: str, tmp_path
     service = os.path.join(root, "plugins", DRIVER, "dra.sock")
     old = await _serving_dra(service)
     try:
-        async with dra_rig(root, tmp_path) as rig:
+        async with dra_rig(root, tmp_path, register=False) as rig:
             await asyncio.wait_for(rig.frontend.blocked.wait(), 5)
             assert not rig.frontend.serving.is_set()
             assert "another process serves" in str(rig.frontend.status()["waitingFor"])
@@ -302,3 +302,14 @@ async def _serving_dra(path: str) -> grpc.aio.Server:
     server.add_insecure_port(f"unix://{path}")
     await server.start()
     return server
+
+
+async def test_a_time_slicing_interval_is_set_on_the_gpu(rig: DraRig) -> None:
+    """As NVIDIA's driver: a GpuConfig's TimeSlicing interval becomes the GPU's
+    compute-policy time slice, through the backend (simulated here)."""
+    await rig.published(lambda d: GPU0 in d)
+    long = gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"})
+    claim = rig.put_claim("long", GPU0, config=[long])
+    assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""
+    assert rig.slicer.time_slice(rig.gpu(0)) == "Long"
+    assert rig.slicer.time_slice(rig.gpu(1)) is None

@@ -111,6 +111,7 @@ async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
         }
         await rig.stop()  # a new agent finds the stray slice and deletes it
         await rig.start()
+        await rig.kubelet.discover(DRIVER)
         await rig.api.wait_for(lambda s: bool(s.of("DELETE") or s.answered(403)))
         return {r.code or 0 for r in rig.api.requests}
 

@@ -147,7 +147,12 @@ def own_dir(path: str | os.PathLike[str], mode: int, *, uid: int | None = None) 
 
 
 def replace_atomically(
-    path: str | os.PathLike[str], text: str, mode: int = 0o644, *, dir_mode: int = 0o755
+    path: str | os.PathLike[str],
+    text: str,
+    mode: int = 0o644,
+    *,
+    dir_mode: int = 0o755,
+    durable: bool = True,
 ) -> None:
     """Replace `path` so that a reader sees the old content or the new, never a part.
 
@@ -155,12 +160,13 @@ def replace_atomically(
     skip names starting with '.' or ending in '.tmp') created with O_EXCL|O_NOFOLLOW
     under an unpredictable name, is flushed to disk, renamed over the old file, and the
     directory is synced so the rename survives a crash too. A missing directory is
-    created with `dir_mode`. Raises OSError; no temporary file is left behind."""
+    created with `dir_mode`. Not `durable`: without the syncs (still atomic for readers
+    and across a process kill). Raises OSError; no temporary file is left behind."""
     target = Path(path)
     make_dir(target.parent, dir_mode)
     dir_fd = open_dir(target.parent)
     try:
-        write_in_dir(dir_fd, target.name, text, mode)
+        write_in_dir(dir_fd, target.name, text, mode, durable=durable)
     finally:
         os.close(dir_fd)
 

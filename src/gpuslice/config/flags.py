@@ -296,6 +296,10 @@ FLAGS: tuple[Flag, ...] = (
     _flag("dra-consumable-shares", "GPUSLICE_DRA_CONSUMABLE_SHARES", None, False,
           "publish a replicated GPU once with consumable capacity `shares` (Kubernetes "
           "1.36 DRAConsumableCapacity)", kind=BOOL, uses="run inspect"),
+    _flag("dra-mig-devices", "GPUSLICE_DRA_MIG_DEVICES", None, True,
+          "publish the MIG devices of MIG-enabled GPUs under DRA, as NVIDIA's DRA driver "
+          "does, whatever --mig-strategy says; false: follow --mig-strategy", kind=BOOL,
+          uses="run inspect"),
     _flag("dra-taint-unhealthy", "GPUSLICE_DRA_TAINT_UNHEALTHY", None, False,
           "taint unhealthy DRA devices NoSchedule (1.36 DRADeviceTaints) instead of "
           "withdrawing them", kind=BOOL, uses="run inspect"),

@@ -209,6 +209,7 @@ def resolve_options(
             driver=text("dra-driver-name"),
             consumable_shares=bool(value("dra-consumable-shares")),
             taint_unhealthy=bool(value("dra-taint-unhealthy")),
+            mig_devices=bool(value("dra-mig-devices")),
         )
         if value("dra")
         else None,

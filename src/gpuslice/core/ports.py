@@ -20,6 +20,7 @@ from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PrepareResult
 from gpuslice.core.dra.health import DeviceHealth
+from gpuslice.core.dra.slices import SliceChange
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.isolation import HostFacts, Limit, LimitReading
 from gpuslice.core.metrics import GpuRef
@@ -93,6 +94,19 @@ class PodCgroups(Protocol):
 
     def facts(self, driver: str) -> HostFacts:
         """The cgroup version and the dmem controller, with the driver's `driver` problem."""
+        ...
+
+
+class TimeSlicer(Protocol):
+    """A GPU's compute-policy time slice, as `nvidia-smi compute-policy --set-timeslice`
+    sets it (Default, Short, Medium, Long). Blocking: run on the backend's worker."""
+
+    def set_time_slice(self, gpu_uuid: str, interval: str) -> None:
+        """Raises BackendError."""
+        ...
+
+    def time_slice(self, gpu_uuid: str) -> str | None:
+        """The interval last set here; None when unknown."""
         ...
 
 
@@ -622,6 +636,16 @@ class DraEndpoint(Protocol):
         """The kubelet told us (NotifyRegistrationStatus) that it registered the plugin."""
         ...
 
+    @property
+    def registration_changes(self) -> int:
+        """How many times the kubelet told a registration outcome or a registered
+        plugin stopped serving."""
+        ...
+
+    async def wait_registration(self, seen: int) -> int:
+        """Until registration_changes is no longer `seen`; the new count."""
+        ...
+
     async def stop(self) -> None:
         """Stop serving and remove our sockets."""
         ...
@@ -635,8 +659,9 @@ class ClaimCheckpoint(Protocol):
         the file is unreadable or not a checkpoint."""
         ...
 
-    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the checkpoint atomically. Raises BackendError."""
+    async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
+        """Replace the checkpoint atomically (and, when `durable`, so that it survives a
+        crash of the node). Raises BackendError."""
         ...
 
 
@@ -649,6 +674,11 @@ class ClaimSpecs(Protocol):
 
     async def remove(self, name: str) -> None:
         """Gone afterwards (also when it was never there). Raises BackendError."""
+        ...
+
+    async def names(self) -> list[str]:
+        """The file names in the directory ([] when it does not exist). Raises
+        BackendError."""
         ...
 
 
@@ -673,4 +703,9 @@ class DraApi(Protocol):
 
     async def delete_slice(self, name: str) -> None:
         """Raises BackendError; a slice already gone is fine."""
+        ...
+
+    def watch_slices(self, node: str, driver: str) -> AsyncIterator[SliceChange]:
+        """One watch of this node's slices of `driver`: those there now as ADDED, then
+        every change, until the server ends it. Raises BackendError when it fails."""
         ...

@@ -10,7 +10,10 @@ never holds up or fails what asked for it. Differences from GFD:
   of a fleet, whose timers a cluster-wide switch restarts at one instant, drift apart;
 - a failed labelling or sink write is retried on its own, `retry_s` after the first failure
   and twice as long after each next one, up to `retry_max_s` (or the interval), also in
-  infinite mode (GFD exits); status() says how it stands; only oneshot raises it.
+  infinite mode (GFD exits); status() says how it stands; only oneshot raises it. While
+  failing, a nudge that would publish the same labels waits for the retry (an absent
+  sink, NFD's CRD, is not asked again at each nudge), and each failure is logged once
+  per change of reason, for the labelling and for each sink.
 On exit in interval mode every sink's remove() runs: the features file is deleted so its
 labels vanish, as GFD does; the NodeFeature object is left to garbage collection.
 """
@@ -124,6 +127,7 @@ class Labeller:
         self._published: int | None = None  # labels in place after the last success
         self._error: str | None = None  # why the last attempt failed
         self._retry_in: float | None = None
+        self._sink_errors: dict[int, str] = {}  # sink position -> its error last logged
 
     @property
     def labels(self) -> Mapping[str, str] | None:
@@ -175,11 +179,14 @@ class Labeller:
             labels = with_timestamp(labels, int(self._clock()), self._labels)
         self._labels = labels
         written, errors = 0, []
-        for sink in self._sinks:
+        for i, sink in enumerate(self._sinks):
             try:
                 written += await sink.publish(labels)
+                self._sink_errors.pop(i, None)
             except GpusliceError as exc:
-                log.warning("label_sink_failed", sink=type(sink).__name__, error=str(exc))
+                said = log.debug if self._sink_errors.get(i) == str(exc) else log.warning
+                said("label_sink_failed", sink=type(sink).__name__, error=str(exc))
+                self._sink_errors[i] = str(exc)
                 errors.append(exc)
         if written:
             log.info("labels_published", labels=len(labels), sinks=written)
@@ -212,7 +219,10 @@ class Labeller:
                     reported = self._error
                     failed("labels_failed", error=reported, retry_s=wait)
                     await self._notify()
-                await self._sleep(stop, None if wait is None else self.jittered(wait))
+                if failures and wait is not None:
+                    await self._back_off(stop, self.jittered(wait))
+                else:
+                    await self._sleep(stop, None if wait is None else self.jittered(wait))
         finally:
             if self._interval is not None:
                 for sink in self._sinks:
@@ -221,6 +231,28 @@ class Labeller:
     def jittered(self, seconds: float) -> float:
         """`seconds` give or take up to 20 %, drawn anew for each wait."""
         return seconds * self._rand.uniform(0.8, 1.2)
+
+    async def _back_off(self, stop: asyncio.Event, seconds: float) -> None:
+        """After a failure: until `stop`, `seconds`, or a nudge that changes the labels
+        (a nudge that would publish the same labels again waits for the retry)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not stop.is_set() and (left := deadline - loop.time()) > 0:
+            await self._sleep(stop, left)
+            if self._nudged.is_set():
+                self._nudged.clear()
+                if await self._labels_changed():
+                    return
+
+    async def _labels_changed(self) -> bool:
+        try:
+            labels = dict(await self._compute())
+        except Exception:  # computing fails now: a retry says so
+            return True
+        last = dict(self._labels or {})
+        last.pop(TIMESTAMP_LABEL, None)
+        labels.pop(TIMESTAMP_LABEL, None)
+        return labels != last
 
     async def _sleep(self, stop: asyncio.Event, seconds: float | None) -> None:
         """Until `stop`, a nudge or `seconds` (None: no limit)."""

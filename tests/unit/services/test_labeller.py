@@ -251,8 +251,8 @@ async def test_retries_back_off_twice_as_long_each_time_up_to_the_cap(
 
 
 async def test_status_says_how_publishing_stands() -> None:
-    flaky = RecordingSink(failures=1)
-    labeller = Labeller(Source(T4), [flaky], interval_s=None, retry_s=30)
+    flaky, source = RecordingSink(failures=1), Source(T4)
+    labeller = Labeller(source, [flaky], interval_s=None, retry_s=30)
     assert labeller.status() == {"ok": False, "detail": "not labelled yet"}
     async for _stop in running(labeller):
         await flaky.until(1)
@@ -261,7 +261,8 @@ async def test_status_says_how_publishing_stands() -> None:
             "ok": False,
             "detail": "API server unreachable; next attempt in 30s",
         }
-        labeller.nudge()  # a config change does not wait for the backoff
+        source.labels = dict(T4_SHARED)
+        labeller.nudge()  # a config change that changes the labels does not wait for the backoff
         await flaky.until(2)
         await asyncio.wait_for(labeller.wait_for(lambda: labeller.status()["ok"]), 5)
     assert labeller.status() == {"ok": True, "detail": f"{len(T4) + 1} labels published"}
@@ -375,3 +376,27 @@ async def test_every_interval_is_jittered_so_timers_restarted_together_drift_apa
     fleet = [Labeller(Source(T4), [], rand=random.Random(n)).jittered(60.0) for n in range(100)]
     assert all(48.0 <= wait <= 72.0 for wait in fleet)
     assert max(fleet) - min(fleet) > 20.0  # spread over seconds, not within 0.8 s
+
+
+async def test_a_failing_sink_is_retried_on_backoff_and_logged_once_whatever_nudges_it(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    """NFD's CRD absent under DRA: the node's changes nudge the labeller often; the sink is
+    asked again only as the backoff says, and each log line appears once per reason; the
+    reason stays in status() (a readiness detail)."""
+    sink, source = RecordingSink(failures=1000), Source(T4)
+    labeller = Labeller(source, [sink], retry_s=60.0, interval_s=None)
+    async for _ in running(labeller):
+        await sink.until(1)
+        await labeller.wait_for(lambda: not labeller.status()["ok"])
+        for _ in range(5):
+            seen = source.calls
+            labeller.nudge()
+            for _ in range(500):  # until the nudge was looked at (the labels computed)
+                if source.calls != seen:
+                    break
+                await asyncio.sleep(0.01)
+        assert len(sink.calls) == 1  # the retry is 60 s away: same labels do not hasten it
+    errors = [e for e in logs if e["log_level"] in ("error", "warning")]
+    assert [e["event"] for e in errors] == ["label_sink_failed", "labels_failed"]
+    assert "API server unreachable" in labeller.status()["detail"]

@@ -35,7 +35,7 @@
 {{- define "gpuslice.rules.dra" -}}
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceslices"]
-  verbs: ["list", "create", "update", "delete"]
+  verbs: ["list", "watch", "create", "update", "delete"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
   verbs: ["get"]

@@ -4,8 +4,17 @@ prepare) works after the agent restarts, without the ResourceClaim.
 One JSON file in the plugin's directory under /var/lib/kubelet/plugins, which the agent
 owns but other processes could tamper with: it is read through adapters.outside_files
 (without following a link, only as a regular file, up to MAX_BYTES) and decoded off the
-loop into a typed value; it is replaced atomically and durably (a new file made with
-O_EXCL, fsync'ed, renamed over the old) before a prepare or unprepare is answered.
+loop into a typed value; it is replaced atomically (a new file made with O_EXCL, renamed
+over the old) before a prepare or unprepare is answered. The driver's writes need not be
+fsync'ed: after a crash of the node, whatever part of them reached the disk, the next
+start's sweep makes specs and entries agree (an orphan spec is removed, an entry whose
+spec is gone rolled back), and the kubelet prepares its pods' claims again.
+
+Each claim carries its state, as NVIDIA's driver's does: PrepareStarted is written before
+the claim's CDI spec, PrepareCompleted after it, so an agent killed in between knows at
+start which spec may be half done. Fields this agent does not know are ignored (a newer
+agent's additions: a downgrade keeps working); an older file without states is all
+PrepareCompleted.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
+from functools import partial
 
 import msgspec
 
@@ -25,23 +35,28 @@ MAX_BYTES = 4 * 1024 * 1024
 CHECKPOINT_NAME = "checkpoint.json"
 
 
-class _Device(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
+
+
+class _Device(msgspec.Struct, rename="camel"):
     requests: list[str]
     pool: str
     device: str
     cdi_ids: list[str]
     share_id: str | None = None
     admin: bool = False
+    memory_mib: int | None = None  # the GPU memory the claim was charged (consumable)
 
 
-class _Claim(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+class _Claim(msgspec.Struct, rename="camel"):
     namespace: str
     name: str
     devices: list[_Device]
     spec: str = ""
+    state: str = COMPLETED
 
 
-class _File(msgspec.Struct, forbid_unknown_fields=True):
+class _File(msgspec.Struct):
     version: int
     claims: dict[str, _Claim]
 
@@ -55,11 +70,12 @@ class ClaimCheckpointFile:
     async def load(self) -> dict[str, PreparedClaim]:
         return await asyncio.to_thread(self._load)
 
-    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+    async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
         data = _File(VERSION, {uid: _encode(c) for uid, c in claims.items()})
         text = msgspec.json.encode(data).decode()
+        write = partial(replace_atomically, dir_mode=0o750, durable=durable)
         try:
-            await asyncio.to_thread(replace_atomically, self.path, text, 0o600, dir_mode=0o750)
+            await asyncio.to_thread(write, self.path, text, 0o600)
         except OSError as exc:
             raise BackendError(
                 f"DRA checkpoint {self.path}: cannot write: {exc.strerror or exc}", transient=True
@@ -85,15 +101,21 @@ class ClaimCheckpointFile:
 
 def _encode(claim: PreparedClaim) -> _Claim:
     devices = [
-        _Device(list(d.requests), d.pool, d.device, list(d.cdi_ids), d.share_id, d.admin)
+        _Device(
+            list(d.requests), d.pool, d.device, list(d.cdi_ids), d.share_id, d.admin, d.memory_mib
+        )
         for d in claim.devices
     ]
-    return _Claim(claim.ref.namespace, claim.ref.name, devices, claim.spec)
+    state = COMPLETED if claim.completed else STARTED
+    return _Claim(claim.ref.namespace, claim.ref.name, devices, claim.spec, state)
 
 
 def _decode(uid: str, claim: _Claim) -> PreparedClaim:
     devices = tuple(
-        PreparedDevice(tuple(d.requests), d.pool, d.device, tuple(d.cdi_ids), d.share_id, d.admin)
+        PreparedDevice(
+            tuple(d.requests), d.pool, d.device, tuple(d.cdi_ids), d.share_id, d.admin, d.memory_mib
+        )
         for d in claim.devices
     )
-    return PreparedClaim(ClaimRef(claim.namespace, uid, claim.name), devices, claim.spec)
+    ref = ClaimRef(claim.namespace, uid, claim.name)
+    return PreparedClaim(ref, devices, claim.spec, completed=claim.state != STARTED)

@@ -29,6 +29,20 @@ class ClaimSpecDir:
     async def remove(self, name: str) -> None:
         await asyncio.to_thread(self._do, "remove", name, None)
 
+    async def names(self) -> list[str]:
+        return await asyncio.to_thread(self._names)
+
+    def _names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise BackendError(
+                f"CDI spec directory {self.directory}: cannot list it: {exc.strerror or exc}",
+                transient=True,
+            ) from None
+
     def _do(self, verb: str, name: str, text: str | None) -> None:
         path = self.directory / name
         if os.sep in name or name.startswith("."):

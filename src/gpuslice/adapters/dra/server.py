@@ -69,7 +69,7 @@ class _Registration(reg_grpc.RegistrationServicer):
     async def NotifyRegistrationStatus(  # noqa: N802
         self, request: reg.RegistrationStatus, context: _Ctx
     ) -> reg.RegistrationStatusResponse:
-        self._owner._registration_status(request.plugin_registered, clip(request.error))
+        await self._owner._registration_status(request.plugin_registered, clip(request.error))
         return reg.RegistrationStatusResponse()
 
 
@@ -173,6 +173,8 @@ class DraServer:
         self._registered = False
         self.registration_error = ""
         self.status_changed = asyncio.Event()
+        self._changes = 0  # registration outcomes told, and stops
+        self._changed = asyncio.Condition()
 
     async def start(self) -> None:
         if self._servers:
@@ -238,13 +240,28 @@ class DraServer:
     def registered(self) -> bool:
         return self._registered
 
-    def _registration_status(self, registered: bool, error: str) -> None:
+    @property
+    def registration_changes(self) -> int:
+        return self._changes
+
+    async def wait_registration(self, seen: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._changes != seen)
+        return self._changes
+
+    async def _count_change(self) -> None:
+        async with self._changed:
+            self._changes += 1
+            self._changed.notify_all()
+
+    async def _registration_status(self, registered: bool, error: str) -> None:
         self._registered, self.registration_error = registered, error
         log = _log.info if registered else _log.error
         log("dra_plugin_registration", driver=self.handler.driver, registered=registered,
             error=error)  # fmt: skip
         self.status_changed.set()
         self.status_changed = asyncio.Event()
+        await self._count_change()
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -256,4 +273,6 @@ class DraServer:
                 with contextlib.suppress(OSError):
                     _unlink(path)
         self._bound = {}
+        if self._registered:
+            await self._count_change()
         self._registered = False

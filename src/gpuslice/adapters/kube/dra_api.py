@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
+
+from gpuslice.core.dra.slices import SliceChange
+from gpuslice.core.errors import BackendError
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -47,6 +51,15 @@ class KubeDraApi:
 
         with contextlib.suppress(NotFound):
             await self._session.delete_slice(name)
+
+    async def watch_slices(self, node: str, driver: str) -> AsyncIterator[SliceChange]:
+        from gpuslice.adapters.kube.watch import WatchBroken, WatchGone
+
+        try:
+            async for event in self._session.watch_slices(node, driver):
+                yield SliceChange(event.type, event.value, event.resource_version)
+        except (WatchGone, WatchBroken) as exc:
+            raise BackendError(str(exc), transient=True) from None
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -82,11 +82,13 @@ RULES: tuple[Rule, ...] = (
          only_with="config-map"),
 )  # fmt: skip
 
-# With DRA on (the chart's dra.enabled): the node's ResourceSlices (listed by node and
-# driver, written, replaced on each change, deleted when the pool shrinks) and the
+# With DRA on (the chart's dra.enabled): the node's ResourceSlices (listed and watched by
+# node and driver, written, replaced on each change or repair, deleted when the pool
+# shrinks) and the
 # ResourceClaims the kubelet asks to prepare (read by name).
 DRA_RULES: tuple[Rule, ...] = (
-    Rule((objects.DRA_GROUP,), ("resourceslices",), ("list", "create", "update", "delete"),
+    Rule((objects.DRA_GROUP,), ("resourceslices",),
+         ("list", "watch", "create", "update", "delete"),
          Scope.CLUSTER, "publish this node's ResourceSlices (DRA)"),
     Rule((objects.DRA_GROUP,), ("resourceclaims",), ("get",), Scope.CLUSTER,
          "read the allocation and config of a claim the kubelet asks to prepare (DRA)"),

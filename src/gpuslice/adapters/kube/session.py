@@ -118,7 +118,8 @@ class ApiSession:
         self, node: str, version: str | None
     ) -> AsyncGenerator[WatchEvent[dict[str, str]], None]:
         """One watch request on the Node, from `version`; ends when the server ends it."""
-        return self._watch("api/v1/nodes", f"node {node}", node, version, _labels)
+        return self._watch("api/v1/nodes", f"node {node}", f"metadata.name={node}", version,
+                           _labels)  # fmt: skip
 
     async def read_config_map(
         self, namespace: str, name: str
@@ -136,24 +137,33 @@ class ApiSession:
     ) -> AsyncGenerator[WatchEvent[ConfigMapView], None]:
         """One watch request on the ConfigMap, from `version`."""
         path = f"api/v1/namespaces/{namespace}/configmaps"
-        return self._watch(path, f"ConfigMap {namespace}/{name}", name, version, _config_map)
+        what = f"ConfigMap {namespace}/{name}"
+        return self._watch(path, what, f"metadata.name={name}", version, _config_map)
+
+    def watch_slices(self, node: str, driver: str) -> AsyncGenerator[WatchEvent[str], None]:
+        """One watch request on this node's ResourceSlices of `driver`, from now: the
+        slices there as ADDED, then their changes; each event's value is the slice's name."""
+        fields = f"spec.nodeName={node},spec.driver={driver}"
+        path = f"apis/{objects.DRA_GROUP}/v1/resourceslices"
+        return self._watch(path, f"ResourceSlices of node {node}", fields, None, _name)
 
     async def _watch(
         self,
         path: str,
         what: str,
-        name: str,
+        fields: str,
         version: str | None,
         project: Callable[[_Object], T],
     ) -> AsyncGenerator[WatchEvent[T], None]:
-        """One watch request on one object of the collection at `path`: OPENED once the
-        server answered, then its events until the server ends the watch."""
+        """One watch request on the objects of the collection at `path` that the field
+        selector `fields` matches: OPENED once the server answered, then its events until
+        the server ends the watch."""
         # Each watch asks for its own timeout, so a fleet's watches do not all end (and
         # re-open) together, as client-go's reflector does it.
         seconds = self._rand.randint(*self._watch_timeout_s)
         params = {
             "watch": "true",
-            "fieldSelector": f"metadata.name={name}",
+            "fieldSelector": fields,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(seconds),
         }
@@ -382,6 +392,7 @@ class ApiSession:
 
 
 class _Meta(msgspec.Struct, rename="camel"):
+    name: str | None = None
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
     resource_version: str | None = None
@@ -394,6 +405,10 @@ class _Object(msgspec.Struct):
     data: dict[str, str] | None = None
     code: int | None = None
     message: str | None = None
+
+
+def _name(obj: _Object) -> str:
+    return obj.metadata.name or ""
 
 
 def _labels(obj: _Object) -> dict[str, str]:

@@ -29,6 +29,14 @@ def spec_file_name(opts: DraOptions, claim_uid: str) -> str:
     return f"{opts.cdi_kind.replace('/', '-')}_{claim_uid}.json"
 
 
+def spec_claim_uid(opts: DraOptions, file_name: str) -> str | None:
+    """The claim UID a spec file of ours is named after; None for any other file."""
+    prefix = spec_file_name(opts, "").removesuffix(".json")
+    if not (file_name.startswith(prefix) and file_name.endswith(".json")):
+        return None
+    return file_name[len(prefix) : -len(".json")] or None
+
+
 def claim_spec(
     claim_uid: str,
     devices: Sequence[DraDevice],

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
+from gpuslice.core.dra.capacity import charged_memory_mib
 from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
 from gpuslice.core.dra.opaque import (
     GPU_CONFIG,
@@ -54,6 +55,7 @@ class AllocatedDevice:
     device: str
     share_id: str | None = None
     admin: bool = False
+    memory_mib: int | None = None  # consumedCapacity.memory: what the claim was charged
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,9 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
     admin: bool = False
+    # GPU memory the scheduler charged the claim on a shared device (its consumed
+    # capacity `memory`), the limit it is held to; None: the whole device's
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,9 @@ class PreparedClaim:
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
     spec: str  # the claim's CDI spec file name ("" when none was needed)
+    # False between PrepareStarted (recorded before the spec is written) and
+    # PrepareCompleted: a claim an agent was killed preparing
+    completed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,17 +108,25 @@ def parse_claim(obj: Mapping[str, object], ref: ClaimRef, driver: str) -> ClaimA
     devices = _map(allocation.get("devices"))
     if not allocation or not devices:
         raise ClaimError(f"claim {ref}: not allocated")
-    results = tuple(
-        AllocatedDevice(
-            request=str(r.get("request", "")),
-            pool=str(r.get("pool", "")),
-            device=str(r.get("device", "")),
-            share_id=str(r["shareID"]) if r.get("shareID") else None,
-            admin=r.get("adminAccess") is True,
+    results = []
+    for i, r in enumerate(map(_map, _list(devices.get("results")))):
+        if r.get("driver") != driver:
+            continue
+        try:
+            memory = charged_memory_mib(_map(r.get("consumedCapacity")), f"claim {ref}: "
+                                        f"status.allocation.devices.results[{i}]")  # fmt: skip
+        except ConfigError as exc:
+            raise ClaimError(str(exc)) from None
+        results.append(
+            AllocatedDevice(
+                request=str(r.get("request", "")),
+                pool=str(r.get("pool", "")),
+                device=str(r.get("device", "")),
+                share_id=str(r["shareID"]) if r.get("shareID") else None,
+                admin=r.get("adminAccess") is True,
+                memory_mib=memory,
+            )
         )
-        for r in map(_map, _list(devices.get("results")))
-        if r.get("driver") == driver
-    )
     entries = [_map(c) for c in _list(devices.get("config"))]
     ordered = [c for c in entries if c.get("source") == FROM_CLASS]
     ordered += [c for c in entries if c.get("source") != FROM_CLASS]
@@ -126,7 +142,7 @@ def parse_claim(obj: Mapping[str, object], ref: ClaimRef, driver: str) -> ClaimA
             raise ClaimError(str(exc)) from None
         requests = tuple(str(r) for r in _list(entry.get("requests")))
         configs.append((requests, config))
-    return ClaimAllocation(ref, results, tuple(configs))
+    return ClaimAllocation(ref, tuple(results), tuple(configs))
 
 
 def config_for(claim: ClaimAllocation, request: str) -> SharingConfig | None:
@@ -248,6 +264,7 @@ def prepared_devices(
             ),
             share_id=alloc.share_id,
             admin=alloc.admin,
+            memory_mib=alloc.memory_mib,
         )
         for alloc, device in zip(claim.devices, devices, strict=True)
     )

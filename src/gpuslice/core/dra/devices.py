@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
 from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
+from gpuslice.core.sharing import MIG_MIXED, MPS, NONE, TIME_SLICING, ResourceSettings
 
 STANDARD = "resource.kubernetes.io"  # the standard attributes' domain
 GPU, MIG = "gpu", "mig"
@@ -37,6 +37,9 @@ class DraOptions:
     # Unhealthy devices carry a NoSchedule taint (1.36, DRADeviceTaints) instead of
     # being withdrawn from the slices.
     taint_unhealthy: bool = False
+    # Publish the MIG devices of MIG-enabled GPUs, as NVIDIA's DRA driver does (it has no
+    # MIG strategy), whatever the device plugin's migStrategy; False: follow it.
+    mig_devices: bool = True
 
     @property
     def cdi_kind(self) -> str:
@@ -84,6 +87,13 @@ def split_front_ends(
         return listed, []
     kept = [r for r in listed if r.name in device_plugin]
     return kept, [r for r in listed if r.name not in device_plugin]
+
+
+def dra_settings(settings: ResourceSettings, opts: DraOptions) -> ResourceSettings:
+    """The resource settings DRA builds its devices from: the node's, with the mixed MIG
+    strategy unless `opts.mig_devices` is off (a MIG-enabled GPU is its MIG devices,
+    every other GPU itself, as NVIDIA's DRA driver publishes them)."""
+    return replace(settings, mig_strategy=MIG_MIXED) if opts.mig_devices else settings
 
 
 def dra_resources(resources: Iterable[Resource], device_plugin: Collection[str]) -> list[Resource]:

@@ -9,13 +9,25 @@ The objects are what the API server is sent (resource.k8s.io/v1), as plain JSON.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 
+from gpuslice.core.dra.capacity import shared_capacity
 from gpuslice.core.dra.devices import DraDevice, DraOptions, Json
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
 MAX_TAINTED = 64
 UNHEALTHY_TAINT = "unhealthy"  # key <driver>/unhealthy
+
+
+@dataclass(frozen=True, slots=True)
+class SliceChange:
+    """One event of a watch on this node's slices: ADDED, MODIFIED, DELETED, BOOKMARK or
+    OPENED (the watch was answered), the slice's name and resourceVersion."""
+
+    kind: str
+    name: str
+    resource_version: str | None
 
 
 def is_unhealthy(device: DraDevice, unhealthy: Collection[str]) -> bool:
@@ -28,9 +40,7 @@ def device_json(device: DraDevice, opts: DraOptions, *, unhealthy: bool = False)
     capacity: dict[str, Json] = {k: {"value": v} for k, v in device.capacity.items()}
     if opts.consumable_shares and device.shared:
         out["allowMultipleAllocations"] = True
-        n = str(device.replicas)
-        policy = {"default": "1", "validRange": {"min": "1", "max": n, "step": "1"}}
-        capacity["shares"] = {"value": n, "requestPolicy": policy}
+        capacity = shared_capacity(device)  # every capacity with a policy: N claims fit
     out["capacity"] = capacity
     if unhealthy:
         taint = {"key": f"{opts.driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}

@@ -10,6 +10,14 @@ restart, for a device gone unhealthy, and for a claim never prepared (a no-op). 
 are serialised: each changes the prepared set the next one checks against.
 A refusal (bad config, device held, device unhealthy) is the claim's error, which the
 kubelet shows on the pod.
+
+Crash-safe in two phases: a claim is recorded PrepareStarted before its spec is written
+and PrepareCompleted after; unprepare removes the spec before the entry. At start the
+claims left started (or whose spec an unprepare already removed) are rolled back and
+every spec of ours that no completed claim names is removed, so an agent killed at any
+step leaks no spec and loses no claim. An unreadable checkpoint is not taken for an
+empty one: prepare and unprepare refuse in one line (their answer would be a guess, and
+specs could stay behind) until it reads again.
 """
 
 from __future__ import annotations
@@ -17,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
-from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
+from gpuslice.core.dra.claim_cdi import claim_spec, spec_claim_uid, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimRef,
@@ -32,12 +41,12 @@ from gpuslice.core.dra.claims import (
     prepared_devices,
     sharing_for,
 )
-from gpuslice.core.dra.devices import DraDevice, DraOptions
+from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
 from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
-from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState
+from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState, TimeSlicer
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
@@ -60,8 +69,10 @@ class DraDriver:
         control_devices: Sequence[str] = (),
         clock: Callable[[], float] = time.time,
         shares: ClaimShares | None = None,  # per-pod memory limits (--memory-isolation)
+        time_slicer: TimeSlicer | None = None,
     ) -> None:
         self.shares = shares
+        self._slicer = time_slicer
         self.node = node
         self.opts = opts
         self._view = view
@@ -79,20 +90,70 @@ class DraDriver:
         self._bad: dict[str, bool] = {}
         self._health_gen = 0
         self._health_changed = asyncio.Condition()
+        self.checkpoint_error = ""  # why the checkpoint could not be read; "" when it was
 
     @property
     def driver(self) -> str:
         return self.opts.driver
 
     async def restore(self) -> None:
-        """Load the checkpoint; an unreadable one is logged and the driver starts empty."""
+        """Load the checkpoint, roll back claims left half prepared and remove the specs
+        no prepared claim names. An unreadable checkpoint is logged and kept as
+        `checkpoint_error`: calls refuse until it reads again."""
         try:
             self.prepared = await self._checkpoint.load()
         except BackendError as exc:
-            log.error("dra_checkpoint_unreadable", error=str(exc))
-            self.prepared = {}
+            if str(exc) != self.checkpoint_error:
+                log.error("dra_checkpoint_unreadable", error=str(exc))
+            self.checkpoint_error = str(exc)
+            return
+        if self.checkpoint_error:
+            log.info("dra_checkpoint_readable")
+        self.checkpoint_error = ""
         if self.prepared:
             log.info("dra_claims_restored", claims=len(self.prepared))
+        await self._sweep()
+
+    async def read_checkpoint_again(self) -> None:
+        """While the checkpoint is unreadable: try again (between calls)."""
+        async with self._lock:
+            if self.checkpoint_error:
+                await self.restore()
+
+    async def _sweep(self) -> None:
+        """Claims left PrepareStarted are rolled back, and so are claims whose spec is
+        gone (an unprepare killed between removing the spec and the entry); specs of
+        ours that no remaining claim names are removed."""
+        try:
+            names = await self._specs.names()
+            kept = {
+                uid: c
+                for uid, c in self.prepared.items()
+                if c.completed and (not c.spec or c.spec in names)
+            }
+            if kept != self.prepared:
+                await self._checkpoint.save(kept)
+                gone = sorted(set(self.prepared) - set(kept))
+                self.prepared = kept
+                log.warning("dra_claims_rolled_back", claims=",".join(gone))
+            for name in names:
+                uid = spec_claim_uid(self.opts, name)
+                if uid is not None and uid not in self.prepared:
+                    await self._specs.remove(name)
+                    log.warning("dra_orphan_spec_removed", spec=name, uid=uid)
+        except BackendError as exc:
+            log.error("dra_sweep_failed", error=str(exc))
+
+    async def _readable(self) -> str:
+        """ "" once the checkpoint was read (again, after it was not); else why not."""
+        if self.checkpoint_error:
+            await self.restore()
+        if not self.checkpoint_error:
+            return ""
+        return (
+            f"{self.checkpoint_error}; claims are neither prepared nor unprepared until it "
+            "reads again (move it away to start empty)"
+        )
 
     async def set_devices(self, devices: Iterable[DraDevice]) -> None:
         """The devices published now (the front-end's step)."""
@@ -104,15 +165,17 @@ class DraDriver:
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out = {}
         async with self._lock:
+            why = await self._readable()
             for ref in claims:
-                out[ref.uid] = await self._prepare(ref)
+                out[ref.uid] = self._refused(ref, why) if why else await self._prepare(ref)
         return out
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out = {}
         async with self._lock:
+            why = await self._readable()
             for ref in claims:
-                out[ref.uid] = await self._unprepare(ref)
+                out[ref.uid] = why or await self._unprepare(ref)
         return out
 
     def health(self) -> tuple[DeviceHealth, ...]:
@@ -156,7 +219,7 @@ class DraDriver:
 
     async def _prepare(self, ref: ClaimRef) -> PrepareResult:
         done = self.prepared.get(ref.uid)
-        if done is not None:
+        if done is not None and done.completed:
             return PrepareResult(done.devices)
         started = time.monotonic()
         try:
@@ -177,29 +240,24 @@ class DraDriver:
         except ClaimError as exc:
             return self._refused(ref, str(exc))
         result = prepared_devices(claim, devices, self.opts, self.toolkit)
-        spec = ""
-        if devices:
-            spec = spec_file_name(self.opts, ref.uid)
-            text = claim_spec(
-                ref.uid,
-                devices,
-                sharing,
-                self.opts,
-                mps_root=settings.allocate.mps_root,
-                dev_root=settings.allocate.dev_root,
-                control_devices=self._control,
-            )
-            try:
-                await self._specs.write(spec, text)
-            except BackendError as exc:
-                return self._refused(ref, f"claim {ref}: {exc}")
-        self.prepared[ref.uid] = PreparedClaim(ref, result, spec)
+        spec = spec_file_name(self.opts, ref.uid) if devices else ""
+        text = claim_spec(
+            ref.uid,
+            devices,
+            sharing,
+            self.opts,
+            mps_root=settings.allocate.mps_root,
+            dev_root=settings.allocate.dev_root,
+            control_devices=self._control,
+        )
         try:
-            await self._checkpoint.save(self.prepared)
-        except BackendError as exc:
-            del self.prepared[ref.uid]
+            await self._record(PreparedClaim(ref, result, spec, completed=False))
             if spec:
-                await self._remove_quietly(spec)
+                await self._specs.write(spec, text)
+            await self._apply_interval(devices, sharing.interval)
+            await self._record(PreparedClaim(ref, result, spec))
+        except BackendError as exc:
+            await self._roll_back(ref.uid, spec)
             return self._refused(ref, f"claim {ref}: {exc}")
         if self.shares is not None:  # the pods' memory limits follow (services.isolation)
             limits = claim_limits(obj, claim, devices, self._view.snapshot, settings.memory,
@@ -210,6 +268,32 @@ class DraDriver:
                  ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
         return PrepareResult(result)
 
+    async def _apply_interval(self, devices: Sequence[DraDevice], interval: str | None) -> None:
+        """A TimeSlicing config's interval set on the claim's GPUs (a MIG device's parent
+        is left alone: MIG devices do not time-slice with each other)."""
+        if interval is None or self._slicer is None:
+            return
+        slicer = self._slicer
+        for uuid in dict.fromkeys(d.gpu_uuid for d in devices if d.kind == GPU):
+            await self._view.call(partial(slicer.set_time_slice, uuid, interval))
+            log.info("dra_time_slice_set", gpu=uuid, interval=interval)
+
+    async def _record(self, claim: PreparedClaim) -> None:
+        """The claim in the checkpoint (on disk first, then here). Raises BackendError."""
+        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=False)
+        self.prepared[claim.ref.uid] = claim
+
+    async def _roll_back(self, uid: str, spec: str) -> None:
+        if spec:
+            await self._remove_quietly(spec)
+        if uid in self.prepared:
+            remaining = {u: c for u, c in self.prepared.items() if u != uid}
+            try:
+                await self._checkpoint.save(remaining)
+                self.prepared = remaining
+            except BackendError as exc:  # left PrepareStarted: the next start rolls it back
+                log.error("dra_checkpoint_not_written", uid=uid, error=str(exc))
+
     async def _unprepare(self, ref: ClaimRef) -> str:
         done = self.prepared.get(ref.uid)
         if done is None:
@@ -218,7 +302,7 @@ class DraDriver:
             if done.spec:
                 await self._specs.remove(done.spec)
             remaining = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
-            await self._checkpoint.save(remaining)
+            await self._checkpoint.save(remaining, durable=False)
         except BackendError as exc:
             log.error("dra_unprepare_failed", claim=str(done.ref), uid=ref.uid, error=str(exc))
             return f"claim {done.ref}: {exc}"

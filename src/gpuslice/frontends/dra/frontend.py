@@ -10,12 +10,18 @@ the checkpoint; `run` serves both sockets, and then follows the node: every chan
 the devices or of their health refreshes the health stream and publishes the slices
 (a failed publish is retried with backoff), and a socket found deleted (a kubelet
 directory wiped on restart) is served again within `check_s`.
+
+Slices are published only while the kubelet has the plugin registered (its
+NotifyRegistrationStatus): a pod scheduled on a device of an unregistered plugin fails
+prepare and waits for the kubelet's one-minute resync. Each registration re-reads and
+repairs them; a registration lost (refused, or the sockets served again after a wipe)
+withdraws them. A watch on the node's slices notices a slice deleted or edited by
+anyone else (a starting kubelet deletes them all) and has it repaired at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
@@ -23,7 +29,7 @@ import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import build_devices, dra_resources
+from gpuslice.core.dra.devices import build_devices, dra_resources, dra_settings
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
@@ -73,14 +79,16 @@ class DraFrontEnd:
         self.blocked = asyncio.Event()  # set once the sockets could not be served
         self.serving = asyncio.Event()  # set once the sockets are served
         self.published = asyncio.Event()  # set after each successful publish
+        self.withheld = asyncio.Event()  # set once slices were held back: not registered
+        self._was_registered = False
+        self._withdrawn = False
         self.publish_error: str | None = None
         self.failed = asyncio.Event()
         self.error: GpusliceError | None = None
 
     def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
-        resources = dra_resources(
-            build_resources(snapshot, settings.resources), self._device_plugin
-        )
+        built = build_resources(snapshot, dra_settings(settings.resources, self.publisher.opts))
+        resources = dra_resources(built, self._device_plugin)
         plan = self._view.plan_devices(NAME, snapshot, settings, resources)  # MPS: may raise
         devices = build_devices(snapshot, resources)
 
@@ -117,6 +125,7 @@ class DraFrontEnd:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
                 group.create_task(self._keep_sockets())
+                group.create_task(self._watch_slices())
         finally:
             await self.endpoint.stop()
 
@@ -125,18 +134,25 @@ class DraFrontEnd:
         return NAME
 
     def ready(self) -> bool:
-        return self.endpoint.registered() and not self.publisher.pending
+        return (
+            self.endpoint.registered()
+            and not self.publisher.pending
+            and not self.driver.checkpoint_error
+        )
 
     def status(self) -> Mapping[str, object]:
         out: dict[str, Any] = {
             "driver": self.driver.driver,
             "registered": self.endpoint.registered(),
             "generation": self.publisher.generation,
+            "sliceRepairs": self.publisher.repairs,
             "devices": len(self.driver.devices),
             "preparedClaims": len(self.driver.prepared),
         }
         if self.publish_error:
             out["publishError"] = self.publish_error
+        if self.driver.checkpoint_error:
+            out["checkpointError"] = self.driver.checkpoint_error
         if self.waiting_for:
             out["waitingFor"] = self.waiting_for
         if self._find_toolkit is not None and self.driver.toolkit.problem:
@@ -173,39 +189,91 @@ class DraFrontEnd:
 
     async def _follow(self) -> None:
         attempt = 0
+        registrations = -1
         while True:
             seen = self._view.generation
+            changes = self.endpoint.registration_changes
             self._poked.clear()
             await self.driver.refresh_health()
-            entries = published(
-                self.driver.devices.values(), self._view.unhealthy, self.publisher.opts
-            )
             delay: float | None = None
+            if self.driver.checkpoint_error:
+                await self.driver.read_checkpoint_again()
+                delay = self._check_s  # until it reads: nothing can be prepared
             try:
-                if await self.publisher.publish(entries) or attempt:
-                    self.published.set()
-                    self.published = asyncio.Event()
+                if changes != registrations:
+                    self.publisher.stale = True  # every registration re-reads the slices
+                registrations = changes
+                await self._publish_or_withdraw(attempt)
                 attempt, self.publish_error = 0, None
             except BackendError as exc:
                 attempt += 1
                 delay = self._retry.delay(attempt)
                 self.publish_error = str(exc)
                 log.warning("dra_publish_failed", error=str(exc), retry_s=delay)
-            await self._wait(seen, delay)
+            await self._wait(seen, changes, delay)
 
-    async def _wait(self, seen: int, delay: float | None) -> None:
-        """Until the node changes, a step pokes, or `delay` passes."""
+    async def _publish_or_withdraw(self, attempt: int) -> None:
+        """Publish while registered; withdraw once a registration was lost, and while the
+        checkpoint cannot be read (every prepare would be refused); before the first
+        registration, leave the slices alone (an earlier agent's stay until then)."""
+        unreadable = bool(self.driver.checkpoint_error)
+        if self.endpoint.registered() and not unreadable:
+            self._was_registered, self._withdrawn = True, False
+            entries = published(
+                self.driver.devices.values(), self._view.unhealthy, self.publisher.opts
+            )
+            if await self.publisher.publish(entries) or attempt:
+                self.published.set()
+                self.published = asyncio.Event()
+            return
+        self.withheld.set()
+        gone = self._was_registered or unreadable
+        if gone and (not self._withdrawn or self.publisher.stale):
+            await self.publisher.withdraw()
+            self._withdrawn = True
+
+    async def _wait(self, seen: int, changes: int, delay: float | None) -> None:
+        """Until the node changes, a step or the slice watch pokes, the registration
+        changes, or `delay` passes."""
         waits = [
             asyncio.ensure_future(self._view.wait_changed(seen)),
             asyncio.ensure_future(self._poked.wait()),
+            asyncio.ensure_future(self.endpoint.wait_registration(changes)),
         ]
         try:
             await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in waits:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # gather, not a suppressed await of each: our own cancellation must go through
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _watch_slices(self) -> None:
+        """Follow the node's slices; a change that is not our own write pokes a repair.
+        A watch that ends or fails is opened again (after a backoff when it failed), and
+        the slices are re-read then, as events may have been missed meanwhile."""
+        attempt = 0
+        problem = ""
+        while True:
+            try:
+                async for change in self.publisher.api.watch_slices(
+                    self.publisher.node, self.publisher.opts.driver
+                ):
+                    if change.kind == "OPENED":
+                        attempt = 0
+                        if problem:
+                            log.info("dra_slice_watch_resumed")
+                            problem = ""
+                    if self.publisher.noticed(change):
+                        self._poked.set()
+            except BackendError as exc:
+                attempt += 1
+                if str(exc) != problem:
+                    log.warning("dra_slice_watch_failed", error=str(exc))
+                problem = str(exc)
+            self.publisher.stale = True
+            self._poked.set()
+            await asyncio.sleep(self._retry.delay(attempt) if attempt else self._check_s)
 
     async def _keep_sockets(self) -> None:
         while True:

@@ -1,6 +1,6 @@
 """resource.k8s.io/v1 in the API server stand-in: ResourceSlices (cluster-scoped: list
-with field selectors spec.nodeName and spec.driver, get, create, update with the
-resourceVersion check, delete) and ResourceClaims (namespaced: get), with the checks the
+and watch with field selectors spec.nodeName and spec.driver, get, create, update with
+the resourceVersion check, delete) and ResourceClaims (namespaced: get), with the checks the
 real server makes that a driver can trip over: a slice's driver and pool name are
 required, the pool's slice count must be positive, and at most 128 devices go in a
 slice (64 when one carries taints).
@@ -8,11 +8,13 @@ slice (64 when one carries taints).
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuslice.testing.apiserver.status import invalid, not_found, status, write_refusal
+from gpuslice.testing.apiserver.watches import matches, selector
 
 DRA = "/apis/resource.k8s.io/v1/"
 SLICES = DRA + "resourceslices"
@@ -21,10 +23,14 @@ CLAIM_QUALIFIED = "resourceclaims.resource.k8s.io"
 
 
 class DraObjects:
-    """The stored slices and claims; `bump` gives the next resourceVersion."""
+    """The stored slices and claims; `bump` gives the next resourceVersion, `record`
+    tells the watches of a slice's change (kind ADDED, MODIFIED or DELETED)."""
 
-    def __init__(self, bump: Callable[[], str]) -> None:
+    def __init__(
+        self, bump: Callable[[], str], record: Callable[[str, str, dict[str, Any]], None]
+    ) -> None:
         self._bump = bump
+        self._record = record
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self._uids = itertools.count(1)
@@ -40,16 +46,22 @@ class DraObjects:
         *,
         uid: str | None = None,
         allocated: bool = True,
+        annotations: Mapping[str, str] | None = None,
+        requests: Sequence[Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
         """A ResourceClaim as the scheduler leaves it: allocated to `results` (each with
-        request, driver, pool, device) with `config` copied into the allocation."""
+        request, driver, pool, device) with `config` copied into the allocation; the
+        claim's own spec.devices.requests are `requests`."""
         uid = uid or f"claim-uid-{next(self._uids)}"
-        meta = {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": self._bump()}
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid,
+                                "resourceVersion": self._bump()}  # fmt: skip
+        if annotations:
+            meta["annotations"] = dict(annotations)
         claim: dict[str, Any] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": meta,
-            "spec": {"devices": {"requests": []}},
+            "spec": {"devices": {"requests": [dict(r) for r in requests]}},
             "status": {},
         }
         if allocated:
@@ -57,6 +69,28 @@ class DraObjects:
             claim["status"]["allocation"] = {"devices": devices}
         self.claims[(namespace, name)] = claim
         return claim
+
+    def delete_slice(self, name: str) -> dict[str, Any]:
+        """Delete a stored slice (a user, the kubelet, a garbage collector did)."""
+        found = self.slices.pop(name)
+        gone = {**found, "metadata": {**found["metadata"], "resourceVersion": self._bump()}}
+        self._record(SLICES, "DELETED", gone)
+        return found
+
+    def delete_node_slices(self, node: str) -> list[str]:
+        """What a starting kubelet does: delete every slice of its node; their names."""
+        names = [s["metadata"]["name"] for s in self.node_slices(node)]
+        for name in names:
+            self.delete_slice(name)
+        return names
+
+    def edit_slice(self, name: str, edit: Callable[[dict[str, Any]], None]) -> None:
+        """Change a stored slice in place (someone else's update)."""
+        found = copy.deepcopy(self.slices[name])
+        edit(found)
+        found["metadata"]["resourceVersion"] = self._bump()
+        self.slices[name] = found
+        self._record(SLICES, "MODIFIED", found)
 
     def node_slices(self, node: str) -> list[dict[str, Any]]:
         return [s for s in self.slices.values() if s["spec"].get("nodeName") == node]
@@ -94,8 +128,8 @@ class DraObjects:
         self, method: str, name: str | None, query: Mapping[str, str], body: Any
     ) -> tuple[int, Any]:
         if method == "GET" and name is None:
-            wanted = _selector(query.get("fieldSelector", ""))
-            items = [s for s in self.slices.values() if _matches(s, wanted)]
+            wanted = selector(query.get("fieldSelector", ""))
+            items = [s for s in self.slices.values() if matches(s, wanted)]
             meta = {"resourceVersion": self._bump()}
             return 200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
                          "metadata": meta, "items": items}  # fmt: skip
@@ -104,7 +138,7 @@ class DraObjects:
             if found is None:
                 return 404, not_found(SLICE_QUALIFIED, name or "")
             if method == "DELETE":
-                del self.slices[name or ""]
+                self.delete_slice(name or "")
             return 200, found
         key = body["metadata"]["name"]
         stored = self.slices.get(key)
@@ -116,6 +150,7 @@ class DraObjects:
             return 422, invalid("ResourceSlice", key, *problem)
         body["metadata"]["resourceVersion"] = self._bump()
         self.slices[key] = body
+        self._record(SLICES, "ADDED" if stored is None else "MODIFIED", body)
         return (201 if method == "POST" else 200), body
 
 
@@ -133,14 +168,3 @@ def _invalid(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
     if len(devices) > limit:
         return "spec.devices", str(len(devices)), f"must have at most {limit} items"
     return None
-
-
-def _selector(text: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
-
-
-def _matches(obj: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:
-    spec = obj.get("spec", {})
-    fields = {"spec.nodeName": spec.get("nodeName"), "spec.driver": spec.get("driver"),
-              "metadata.name": obj["metadata"]["name"]}  # fmt: skip
-    return all(fields.get(k) == v for k, v in wanted.items())

@@ -1,5 +1,6 @@
 """FakeApiServer: the part of the Kubernetes REST API the agent uses, over real HTTP/1.1
-on 127.0.0.1 (one request per connection), with the answers a real API server gives.
+on 127.0.0.1 (a connection kept open between plain answers, as a real server keeps it),
+with the answers a real API server gives.
 
 - GET /api/v1/nodes/<name>; GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=<n>
   (replays history after resourceVersion, then streams chunked JSON lines; BOOKMARK
@@ -11,7 +12,8 @@ on 127.0.0.1 (one request per connection), with the answers a real API server gi
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
   resourceVersion and answers 409 on a mismatch); 404 for every such path while
   `nfd_installed` is False, as when NFD's CRD is missing;
-- resource.k8s.io/v1 ResourceSlices and ResourceClaims (dra.py);
+- resource.k8s.io/v1 ResourceSlices (watched as a collection by field selectors too)
+  and ResourceClaims (dra.py);
 - GET of pods; POST of events (generateName honoured, 409 for a name taken; an Event
   about a cluster-scoped object outside namespace default is refused with 422, as
   validation does), GET and merge PATCH of an Event by name (409 for a resourceVersion
@@ -44,7 +46,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from gpuslice.testing.apiserver.access import Grant, access_of, allowed, forbidden
-from gpuslice.testing.apiserver.dra import DraObjects
+from gpuslice.testing.apiserver.dra import SLICES, DraObjects
 from gpuslice.testing.apiserver.reviews import Reviews
 from gpuslice.testing.apiserver.status import (
     REASONS,
@@ -106,7 +108,7 @@ class FakeApiServer:
         self.features: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
-        self.dra = DraObjects(self._bump)  # ResourceSlices and ResourceClaims
+        self.dra = DraObjects(self._bump, self._recorded)  # ResourceSlices and ResourceClaims
         self.reviews = Reviews()  # tokens and non-resource grants
         self.requests: list[Request] = []
         self.expired_below = 0
@@ -231,6 +233,10 @@ class FakeApiServer:
         obj = self.config_maps.pop((namespace, name))
         self._deleted(_config_maps(namespace), obj)
 
+    def _recorded(self, collection: str, kind: str, obj: dict[str, Any]) -> None:
+        """A change the DRA objects made at the current version (seen by watches)."""
+        self.watch_state.record(self.version, collection, kind, obj)
+
     def _deleted(self, collection: str, obj: dict[str, Any]) -> None:
         obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": self._bump()}}
         self.watch_state.record(self.version, collection, "DELETED", obj)
@@ -311,7 +317,8 @@ class FakeApiServer:
         assert task is not None
         self._handlers.add(task)
         try:
-            await self._serve_one(reader, writer)
+            while await self._serve_one(reader, writer):
+                pass  # kept alive, as an API server keeps a client's connection
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:  # close(): this connection's task ends quietly
@@ -320,8 +327,15 @@ class FakeApiServer:
             self._handlers.discard(task)
             writer.close()
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One request; True when the connection stays open for the next (a plain
+        answer to a client that did not ask to close)."""
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+            return False  # the client closed its kept-alive connection
         method, target, _ = head[0].split(" ", 2)
         headers = {
             k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in head[1:] if h)
@@ -348,11 +362,15 @@ class FakeApiServer:
                 self._corruptions.remove(corruption)
                 how = corruption[2]
                 broken = (how, "") if isinstance(how, bytes) else _corrupt(how)
-                return await self._reply_raw(writer, req, *broken)
+                await self._reply_raw(writer, req, *broken)
+                return False
         if refused is None and req.is_watch:
-            return await self._watch(req, writer)
+            await self._watch(req, writer)
+            return False
         code, body = refused or self._route(req)
-        await self._reply(writer, req, code, body)
+        keep = headers.get("connection", "").lower() != "close"
+        await self._reply(writer, req, code, body, keep=keep)
+        return keep
 
     def _refusal(self, req: Request) -> tuple[int, Any] | None:
         """403 when grants are enforced and none covers the request."""
@@ -362,9 +380,15 @@ class FakeApiServer:
         return 403, forbidden(access, self.user)
 
     async def _reply(
-        self, writer: asyncio.StreamWriter, req: Request, code: int, body: Any
+        self,
+        writer: asyncio.StreamWriter,
+        req: Request,
+        code: int,
+        body: Any,
+        *,
+        keep: bool = False,
     ) -> None:
-        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code)
+        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code, keep=keep)
 
     async def _reply_raw(
         self,
@@ -374,12 +398,14 @@ class FakeApiServer:
         encoding: str = "",
         *,
         code: int = 200,
+        keep: bool = False,
     ) -> None:
         req.code = code
         coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
+        connection = "keep-alive" if keep else "close"
         writer.write(
             f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"{coding}Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            f"{coding}Content-Length: {len(data)}\r\nConnection: {connection}\r\n\r\n".encode()
             + data
         )
         await writer.drain()
@@ -468,7 +494,8 @@ class FakeApiServer:
         selector = query.get("fieldSelector", "")
         if not selector.startswith("metadata.name="):
             return 400, status(400, "BadRequest", "the stand-in lists by metadata.name only")
-        found = self._current(collection, selector.removeprefix("metadata.name="))
+        name = selector.removeprefix("metadata.name=")
+        found = next((o for o in self._current(collection) if o["metadata"]["name"] == name), None)
         kind = "NodeList" if collection == NODES else "ConfigMapList"
         meta = {"resourceVersion": str(self.version)}
         return 200, {"kind": kind, "apiVersion": "v1", "metadata": meta,
@@ -502,10 +529,13 @@ class FakeApiServer:
         timeout = int(seconds) / self.time_scale if seconds.isdigit() else None
         await self.watch_state.serve(stream, writer, self._changed, timeout)
 
-    def _current(self, collection: str, name: str) -> dict[str, Any] | None:
+    def _current(self, collection: str) -> list[dict[str, Any]]:
         if collection == NODES:
-            return self.nodes.get(name)
-        return self.config_maps.get((collection.split("/")[4], name))
+            return list(self.nodes.values())
+        if collection == SLICES:
+            return list(self.dra.slices.values())
+        namespace = collection.split("/")[4]
+        return [cm for (ns, _), cm in self.config_maps.items() if ns == namespace]
 
 
 def _config_maps(namespace: str) -> str:
@@ -513,7 +543,8 @@ def _config_maps(namespace: str) -> str:
 
 
 def _collection(path: str) -> str | None:
-    """The watchable collection `path` is (Nodes, a namespace's ConfigMaps), or None."""
+    """The watchable collection `path` is (Nodes, a namespace's ConfigMaps,
+    ResourceSlices), or None."""
     parts = path.strip("/").split("/")
     configmaps = len(parts) == 5 and path.startswith(NAMESPACES) and parts[4] == "configmaps"
-    return path if path == NODES or configmaps else None
+    return path if path in (NODES, SLICES) or configmaps else None

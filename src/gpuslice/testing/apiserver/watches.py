@@ -1,10 +1,11 @@
 """The watches of the API server stand-in: the history of changes and the open streams.
 
 Every object lives in a collection (its list path: /api/v1/nodes,
-/api/v1/namespaces/<ns>/configmaps); a watch follows one object of one collection,
-named by fieldSelector metadata.name, as the agent asks. A watch from a resourceVersion
-replays the history after it; one without starts with the object as ADDED. Each event is
-one JSON line of a chunked response.
+/api/v1/namespaces/<ns>/configmaps, /apis/resource.k8s.io/v1/resourceslices); a watch
+follows the objects of one collection its fieldSelector matches (metadata.name for one
+object; spec.nodeName and spec.driver for ResourceSlices). A watch from a resourceVersion
+replays the history after it; one without starts with the matching objects as ADDED.
+Each event is one JSON line of a chunked response.
 """
 
 from __future__ import annotations
@@ -21,10 +22,23 @@ END = "end"  # a clean end of the response, as on the server's timeout
 DROP = "drop"  # the connection dies mid-stream
 
 
+def selector(text: str) -> dict[str, str]:
+    """fieldSelector "a=b,c=d" as {a: b, c: d}."""
+    return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+
+
+def matches(obj: dict[str, Any], wanted: dict[str, str]) -> bool:
+    """`obj` has every field `wanted` names (metadata.name, spec.nodeName, spec.driver)."""
+    spec = obj.get("spec") or {}
+    fields = {"metadata.name": obj["metadata"]["name"], "spec.nodeName": spec.get("nodeName"),
+              "spec.driver": spec.get("driver")}  # fmt: skip
+    return all(fields.get(k) == v for k, v in wanted.items())
+
+
 @dataclass
 class Stream:
     collection: str
-    name: str
+    wanted: dict[str, str]  # the fieldSelector
     bookmarks: bool
     queue: asyncio.Queue[bytes | str] = field(default_factory=asyncio.Queue)
 
@@ -44,7 +58,7 @@ class Watches:
         self.history.append((version, collection, kind, obj))
         if notify:
             for stream in self.streams:
-                if (stream.collection, stream.name) == (collection, obj["metadata"]["name"]):
+                if stream.collection == collection and matches(obj, stream.wanted):
                     stream.send({"type": kind, "object": obj})
 
     def bookmark(self, version: str) -> None:
@@ -68,21 +82,21 @@ class Watches:
         self,
         collection: str,
         query: dict[str, str],
-        current: Callable[[str, str], dict[str, Any] | None],
+        current: Callable[[str], list[dict[str, Any]]],
     ) -> Stream:
         """A new stream with what it starts with: the replay after its resourceVersion,
-        or else the object now (current(collection, name)) as ADDED."""
-        selector = query.get("fieldSelector", "")
-        assert selector.startswith("metadata.name="), selector
-        name = selector.removeprefix("metadata.name=")
-        stream = Stream(collection, name, query.get("allowWatchBookmarks") == "true")
+        or else the matching objects now (of current(collection)) as ADDED."""
+        wanted = selector(query.get("fieldSelector", ""))
+        stream = Stream(collection, wanted, query.get("allowWatchBookmarks") == "true")
         since = query.get("resourceVersion")
         if since:
             for version, where, kind, obj in self.history:
-                if version > int(since) and (where, obj["metadata"]["name"]) == (collection, name):
+                if version > int(since) and where == collection and matches(obj, wanted):
                     stream.send({"type": kind, "object": obj})
-        elif (now := current(collection, name)) is not None:
-            stream.send({"type": "ADDED", "object": now})
+        else:
+            for now in current(collection):
+                if matches(now, wanted):
+                    stream.send({"type": "ADDED", "object": now})
         return stream
 
     async def serve(

@@ -8,8 +8,9 @@ asks GetInfo, checks the answer (type DRAPlugin, an absolute endpoint, a DRA ser
 speaks, first listed first), reports NotifyRegistrationStatus, and dials the endpoint.
 `prepare` and `unprepare` call the service chosen, with the kubelet's 45 s timeout, and
 check that every claim asked for has an entry. `restart` drops every connection (and
-with wipe=True deletes the sockets, as a wiped directory does) before the plugin is
-discovered again. `resolve_cdi` looks the returned CDI IDs up in the CDI spec directory
+with wipe=True deletes the sockets, as a wiped directory does) and, given the cluster's
+slices, deletes every ResourceSlice of its node, as a starting kubelet does, before the
+plugin is discovered again. `resolve_cdi` looks the returned CDI IDs up in the CDI spec directory
 as containerd does, failing for a name no spec there defines.
 """
 
@@ -22,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import yaml
@@ -74,12 +75,30 @@ class ClaimResult:
     error: str = ""
 
 
-class DraKubeletStandin:
-    """The kubelet's DRA manager over `registry_dir` (its plugins_registry)."""
+class NodeSlices(Protocol):
+    """The cluster's ResourceSlices as a starting kubelet changes them (the API server
+    stand-in's `dra`)."""
 
-    def __init__(self, registry_dir: str, cdi_dir: str | None = None) -> None:
+    def delete_node_slices(self, node: str) -> list[str]: ...
+
+
+class DraKubeletStandin:
+    """The kubelet's DRA manager over `registry_dir` (its plugins_registry), of node
+    `node` whose slices are in `slices`."""
+
+    def __init__(
+        self,
+        registry_dir: str,
+        cdi_dir: str | None = None,
+        *,
+        slices: NodeSlices | None = None,
+        node: str = "",
+    ) -> None:
         self.registry_dir = registry_dir
         self.cdi_dir = cdi_dir
+        self._slices = slices
+        self.node = node
+        self.slices_deleted: list[str] = []  # by restarts, as a starting kubelet does
         self.plugins: dict[str, DraPlugin] = {}
         self.refused: list[tuple[str, str]] = []  # (socket, why) of registrations refused
         self.health: dict[str, dict[tuple[str, str], tuple[int, str]]] = {}
@@ -143,16 +162,22 @@ class DraKubeletStandin:
 
     async def restart(self, *, wipe: bool = False) -> None:
         """A kubelet restart: every connection and stream dropped; with `wipe`, every
-        socket in plugins_registry deleted too. Plugins are found again by discover()."""
-        for driver in list(self.plugins):
-            await self._drop(driver)
+        socket in plugins_registry deleted too; then, as the kubelet starts, every
+        ResourceSlice of its node deleted. Plugins are found again by discover()."""
+        await self._drop_all()
         if wipe:
             for path in glob.glob(os.path.join(self.registry_dir, "*.sock")):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+        if self._slices is not None:
+            self.slices_deleted += self._slices.delete_node_slices(self.node)
+
+    async def _drop_all(self) -> None:
+        for driver in list(self.plugins):
+            await self._drop(driver)
 
     async def close(self) -> None:
-        await self.restart()
+        await self._drop_all()
 
     async def _drop(self, driver: str) -> None:
         plugin = self.plugins.pop(driver, None)
