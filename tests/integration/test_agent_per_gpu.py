@@ -216,5 +216,5 @@ def test_inspect_shows_which_resource_serves_each_gpu() -> None:
         SHARED
     ] * 4 + [SMALL] * 2
     table = run_once(*args).stdout.splitlines()
-    assert "2    NVIDIA A100-SXM4-40GB  nvidia.com/gpu.shared (4 replicas)" in table
-    assert "7    NVIDIA A100-SXM4-40GB  nvidia.com/gpu.small (8 replicas)" in table
+    assert "2    NVIDIA A100-SXM4-40GB  none              nvidia.com/gpu.shared (4 replicas)" in table
+    assert "7    NVIDIA A100-SXM4-40GB  none              nvidia.com/gpu.small (8 replicas)" in table

@@ -47,6 +47,8 @@ FREE_FORM = {
     "--mps-control-socket",  # the same: a socket nobody serves holds MPS replicas back
     "--dra-plugins-dir", "--dra-registry-dir",  # used (created) only with --dra
     "--dra-driver-name",  # a DNS subdomain ("abc" is one); others are refused in one line
+    "--cgroup-root",  # a mount point, read only with --memory-isolation (or shown by inspect)
+    "--status-socket",  # a socket path the agent creates, beside --status-address
 }  # fmt: skip
 # Empty means unset or off: no config file, in-cluster config, no probe endpoint, NVML,
 # no IMEX channels, no per-node configs (from a directory or the API), no fallbacks, no
