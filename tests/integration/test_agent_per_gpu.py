@@ -216,5 +216,6 @@ def test_inspect_shows_which_resource_serves_each_gpu() -> None:
         SHARED
     ] * 4 + [SMALL] * 2
     table = run_once(*args).stdout.splitlines()
-    assert "2    NVIDIA A100-SXM4-40GB  none              nvidia.com/gpu.shared (4 replicas)" in table
-    assert "7    NVIDIA A100-SXM4-40GB  none              nvidia.com/gpu.small (8 replicas)" in table
+    row = "{}    NVIDIA A100-SXM4-40GB  none              {}"
+    assert row.format(2, "nvidia.com/gpu.shared (4 replicas)") in table
+    assert row.format(7, "nvidia.com/gpu.small (8 replicas)") in table
