@@ -84,7 +84,8 @@ class Fleet:
         return f"{self.prefix}-" in text
 
     def open_watches(self, server: FakeApiServer) -> int:
-        return sum(s.name.startswith(f"{self.prefix}-") for s in server.watch_state.streams)
+        names = (s.wanted.get("metadata.name", "") for s in server.watch_state.streams)
+        return sum(name.startswith(f"{self.prefix}-") for name in names)
 
     async def record(self, node: str, replicas: int) -> None:
         async with self.changed:

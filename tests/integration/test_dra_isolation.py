@@ -112,6 +112,8 @@ async def test_the_agent_limits_a_dra_pods_cgroup_from_its_claim(
         try:
             await dra.discover(DRIVER)
             await running.until_ready()
+            # slices are published once the kubelet has confirmed the registration
+            await api.wait_for(lambda server: bool(server.dra.node_devices("node-a")))
             (device,) = api.dra.node_devices("node-a")
             results = [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": device,
                         "consumedCapacity": {"memory": "3Gi"}}]  # fmt: skip
