@@ -23,7 +23,7 @@ from gpuslice.core.dra.health import DeviceHealth
 from gpuslice.core.dra.slices import SliceChange
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.isolation import HostFacts, Limit, LimitReading
-from gpuslice.core.metrics import GpuRef
+from gpuslice.core.metrics import GpuRef, ResourceState
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
 from gpuslice.core.resources import AdvertisedDevice, Resource
 from gpuslice.core.response import AllocateOptions, ContainerAllocation
@@ -107,6 +107,43 @@ class TimeSlicer(Protocol):
 
     def time_slice(self, gpu_uuid: str) -> str | None:
         """The interval last set here; None when unknown."""
+        ...
+
+
+class Host(Protocol):
+    """The machine the agent runs on, real or simulated, chosen once (wiring.host): all
+    that differs between the two. A new kind of host implements these."""
+
+    def open_backend(self) -> GpuBackend:
+        """The GPU backend (BackendError when it cannot start)."""
+        ...
+
+    def imex_present(self) -> frozenset[int]:
+        """The IMEX channels whose device node exists."""
+        ...
+
+    def control_devices(self) -> tuple[str, ...]:
+        """The driver's control device nodes present here, given to every container."""
+        ...
+
+    def extra_cdi_nodes(self) -> Mapping[str, tuple[str, ...]]:
+        """Per optional CDI device kind (gdrcopy, gds, mofed): the device nodes present."""
+        ...
+
+    def machine_type(self, path: str) -> str | None:
+        """The machine type read from `path`; None: the snapshot's own."""
+        ...
+
+    def process_owners(self) -> tuple[ProcessOwners | None, Callable[[int], None]]:
+        """Who owns a GPU process (None: the backend's samples say) and how to kill one."""
+        ...
+
+    def mps_binary(self) -> list[str]:
+        """The MPS control daemon's command line."""
+        ...
+
+    def time_slicer(self) -> TimeSlicer:
+        """The GPUs' compute-policy time slice."""
         ...
 
 
@@ -561,6 +598,10 @@ class FrontEnd(Protocol):
 
     def ready(self) -> bool:
         """Everything served is known to the kubelet (registered, published)."""
+        ...
+
+    def resource_states(self) -> Sequence[ResourceState]:
+        """What each of its resources advertises now (for /metrics)."""
         ...
 
     def status(self) -> Mapping[str, object]:
