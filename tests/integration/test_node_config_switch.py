@@ -188,7 +188,7 @@ async def test_a_broken_config_keeps_the_old_one_serving_and_says_so(
     ready, details = running.node.readiness()
     assert ready  # still serving everything
     assert details["config"] == {"config": "ts-4", "ok": False, "detail": event.message}
-    assert details["resources"] == {GPU: True}
+    assert details["device-plugin"]["resources"] == {GPU: True}
 
     seen = running.manager.checks
     running.update_configmap({**CONFIGS, "h100-mps": time_slicing(8)})  # the fix

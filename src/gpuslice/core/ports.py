@@ -577,7 +577,8 @@ class FrontEnd(Protocol):
 
     @property
     def name(self) -> str:
-        """Short and stable ("device-plugin"): readiness and log lines name it."""
+        """Short and stable ("device-plugin"): readiness nests its status under it, and log
+        lines name it."""
         ...
 
     async def start(self) -> None:
@@ -598,6 +599,13 @@ class FrontEnd(Protocol):
 
     def ready(self) -> bool:
         """Everything served is known to the kubelet (registered, published)."""
+        ...
+
+    @property
+    def waiting_for(self) -> str | None:
+        """What it waits for before it can serve (the agent it replaces, still holding the
+        kubelet's directory or sockets); None when it does not wait. Readiness counts a
+        front-end waiting for its predecessor as started."""
         ...
 
     def resource_states(self) -> Sequence[ResourceState]:
