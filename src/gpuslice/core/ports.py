@@ -564,6 +564,46 @@ class NodeState(Protocol):
         ...
 
 
+class HealthWatch(Protocol):
+    """The node while its backend is open (AgentNode.session)."""
+
+    def watching_health(self) -> AbstractAsyncContextManager[None]:
+        """Health (events and re-probes) while the block runs; after the first commit."""
+        ...
+
+
+class AgentNode(Protocol):
+    """What the agent drives of the node's device state (services.node_devices): one
+    session that owns the node's lifecycle in order, and the read-commit step."""
+
+    def session(
+        self, hand_over: Callable[[], Awaitable[None]]
+    ) -> AbstractAsyncContextManager[HealthWatch]:
+        """The backend open for the block (GpusliceError on entry when it cannot open);
+        on the way out `hand_over` runs once the MPS daemons run on unsupervised."""
+        ...
+
+    async def read(self) -> HardwareSnapshot:
+        """The hardware now. Raises BackendError."""
+        ...
+
+    def commit(self, snapshot: HardwareSnapshot, settings: Settings) -> None:
+        """Make both the ones in force (checked by every front-end)."""
+        ...
+
+    @property
+    def snapshot(self) -> HardwareSnapshot: ...
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        """What every front-end serves now."""
+        ...
+
+    async def follow_holds(self) -> None:
+        """Check the holds against what is served; until cancelled."""
+        ...
+
+
 class FrontEnd(Protocol):
     """One way the kubelet learns of the node's devices (services.agent drives it).
 

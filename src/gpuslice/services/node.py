@@ -42,7 +42,7 @@ class LabelOptions:
 
 @dataclass
 class NodeDeps:
-    agent: Agent
+    agent: Agent[NodeDevices]
     # Builds the config manager (the config file, or per-node configs) around the
     # callback that applies a config.
     config: Callable[[Apply], ConfigManager[Settings]]

@@ -88,7 +88,7 @@ def agent(
     *,
     shares: ClaimShares | None = None,
     mps_notify: Notify | None = None,
-) -> Agent:
+) -> Agent[NodeDevices]:
     """The converge loop over the node's devices and its front-ends: the device plugin,
     and DRA with --dra (`shares`: its prepared claims' shares, for memory isolation)."""
     chosen, machine = with_parts or parts(opts, metrics), host(opts)

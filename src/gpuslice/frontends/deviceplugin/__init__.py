@@ -13,6 +13,7 @@ from gpuslice.frontends.deviceplugin.manager import (
 )
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.services.agent import Agent
+from gpuslice.services.node_devices import NodeDevices
 
 
 def device_plugin_of(node: HasAgent) -> DevicePluginFrontEnd:
@@ -23,7 +24,7 @@ def device_plugin_of(node: HasAgent) -> DevicePluginFrontEnd:
 
 class HasAgent(Protocol):
     @property
-    def agent(self) -> Agent: ...
+    def agent(self) -> Agent[NodeDevices]: ...
 
 
 __all__ = [
