@@ -104,9 +104,8 @@ def build_node(
     shares = ClaimShares() if opts.dra is not None and opts.memory_isolation else None
     notify = _mps_waiting(api, opts.node_name) if api is not None and opts.node_name else None
     node_agent = agent(opts, metrics, with_parts, shares=shares, mps_notify=notify)
-    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, shares))
-    if api is not None:
-        deps.watch_trouble = lambda: api.watch_trouble
+    trouble = (lambda: api.watch_trouble) if api is not None else lambda: None
+    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, shares), trouble)
     return Node(deps)
 
 
