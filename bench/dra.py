@@ -45,7 +45,7 @@ from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring import plugin_settings
+from gpuslice.wiring.host import plugin_settings
 
 CASES = {  # name: (hardware, devices per claim, what one claim is)
     "1": ("dgx-a100", 1, "a new claim of 1 GPU"),

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from gpuslice.core.advice import MIB, UNKNOWN, WASTEFUL, Advice, Rules, advise, total_gpus_back
 from gpuslice.core.advice_config import propose_config
 from gpuslice.core.errors import ConfigError
-from gpuslice.wiring import mig_profiles, prometheus_facts
+from gpuslice.wiring.commands import mig_profiles, prometheus_facts
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")

@@ -26,7 +26,8 @@ from gpuslice.testing.kubelet.records import (
     StandinError,
 )
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import Node, build_node, device_plugin_of
+from gpuslice.wiring.agent import device_plugin_of
+from gpuslice.wiring.node import Node, build_node
 
 GPU = "nvidia.com/gpu"
 # Package data, so the demo runs from a wheel or an image (examples/ links to it).

@@ -16,7 +16,7 @@ from gpuslice.core.isolation import LABEL, node_mode
 from gpuslice.testing.cgroups import CgroupTree, r615_node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 GPU = "nvidia.com/gpu"
 CONFIG = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n" + (

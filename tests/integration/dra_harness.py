@@ -39,7 +39,7 @@ from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring import plugin_settings
+from gpuslice.wiring.host import plugin_settings
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"

@@ -38,7 +38,7 @@ from gpuslice.core.ports import GpuBackend
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 

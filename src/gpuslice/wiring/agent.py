@@ -28,7 +28,12 @@ from gpuslice.core.ports import (
 )
 from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
-from gpuslice.frontends.deviceplugin import DevicePluginFrontEnd, EndpointFactory, ResourceHandler
+from gpuslice.frontends.deviceplugin import (
+    DevicePluginFrontEnd,
+    EndpointFactory,
+    ResourceHandler,
+    device_plugin_of,
+)
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
@@ -40,6 +45,7 @@ from gpuslice.services.node_devices import NodeDevices
 from gpuslice.wiring.host import host
 
 CHECKPOINT = "kubelet_internal_checkpoint"
+__all__ = ["CHECKPOINT", "Parts", "agent", "device_plugin_of", "parts", "toolkit_problem"]
 
 
 @dataclass(frozen=True)

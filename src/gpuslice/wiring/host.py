@@ -3,10 +3,21 @@ builder asks the chosen host, never whether the hardware is simulated."""
 
 from __future__ import annotations
 
+from gpuslice.adapters.hosts import MACHINE_TYPE_MAX_BYTES
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.options import DEFAULT_MACHINE_TYPE_FILE, DEFAULT_MPS_CONTROL, RunOptions
 from gpuslice.config.settings import Settings, settings_from
 from gpuslice.core.ports import GpuBackend, Host, TimeSlicer
+
+__all__ = [
+    "MACHINE_TYPE_MAX_BYTES",
+    "host",
+    "imex_present",
+    "machine_type",
+    "open_backend",
+    "plugin_settings",
+    "time_slicer",
+]
 
 
 def host(opts: RunOptions) -> Host:

@@ -46,6 +46,8 @@ from gpuslice.wiring.host import host, plugin_settings
 if TYPE_CHECKING:
     from gpuslice.adapters.kube import KubeNodeApi
 
+__all__ = ["Node", "build_node", "config_entries", "isolation_facts", "label_output", "node_api"]
+
 Accounting = Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]]
 
 

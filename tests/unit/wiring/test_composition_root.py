@@ -6,6 +6,9 @@ testing kit."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import pytest
 import gpuslice.wiring
 from gpuslice.config.options import resolve_options
 from gpuslice.core.errors import ConfigError
-from gpuslice.wiring import host
+from gpuslice.wiring.host import host
 
 WIRING = Path(gpuslice.wiring.__file__).parent
 MODULES = sorted(WIRING.glob("*.py"))
@@ -75,3 +78,18 @@ def test_dra_flags_are_checked_when_the_options_are_resolved() -> None:
     with pytest.raises(ConfigError, match=r"^--dra \(GPUSLICE_DRA\): "):
         resolve_options({"dra": "true"}, command="run")
     assert resolve_options({"dra": "true"}, command="inspect").dra is not None
+
+
+def test_mps_control_loads_none_of_the_agent() -> None:
+    """`gpuslice mps-control` runs on every MPS node as long as its daemons: its
+    composition loads the MPS adapter, not the agent's services or front-ends."""
+    code = (
+        "import json, sys\n"
+        "import gpuslice.mps_cmd, gpuslice.wiring.mps_control\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    loaded = json.loads(out.stdout)
+    assert "gpuslice.adapters.mps" in loaded
+    heavy = ("gpuslice.services", "gpuslice.frontends", "gpuslice.wiring.agent", "grpc")
+    assert [m for m in loaded if m.startswith(heavy)] == []
