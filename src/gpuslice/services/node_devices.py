@@ -119,6 +119,11 @@ class NodeDevices:
         return self._mps
 
     @property
+    def holds(self) -> DeviceHolds | None:
+        """What holds back devices moved while in use (in session, with PodResources)."""
+        return self._holds
+
+    @property
     def health_marks(self) -> frozenset[str]:
         """What health itself finds unhealthy now (not the other holds)."""
         return self._monitor.unhealthy if self._monitor is not None else frozenset()
