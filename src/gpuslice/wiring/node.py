@@ -33,7 +33,7 @@ from gpuslice.services.config_source import (
     EntrySource,
     FileEntries,
 )
-from gpuslice.services.isolation import NO_LIMITS, Isolation
+from gpuslice.services.isolation import Isolation, limit_problem
 from gpuslice.services.labeller import NodeFeatureSink
 from gpuslice.services.mps import MPS_WAITING_REASON, Notify
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
@@ -125,9 +125,7 @@ def isolation_facts(opts: RunOptions, backend: GpuBackend) -> HostFacts:
     cgroup tree under --cgroup-root (`gpuslice inspect`)."""
     from gpuslice.adapters.cgroup_tree import PodCgroupTree
 
-    limits = getattr(backend, "limit_problem", None)
-    problem = limits() if callable(limits) else NO_LIMITS
-    return PodCgroupTree(opts.cgroup_root).facts(str(problem))
+    return PodCgroupTree(opts.cgroup_root).facts(limit_problem(backend))
 
 
 def isolation(
