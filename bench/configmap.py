@@ -33,7 +33,7 @@ from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 FIGURES = ("configmap_edit_p50", "configmap_edit_p99")
 NODE = "bench-node"

@@ -45,7 +45,7 @@ from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring import plugin_settings
+from gpuslice.wiring.host import plugin_settings
 
 CASES = {  # name: (hardware, devices per claim, what one claim is)
     "1": ("dgx-a100", 1, "a new claim of 1 GPU"),
@@ -90,7 +90,8 @@ async def dra_rig(
     work: str, hardware: str = "dgx-a100", *, shares: bool = False
 ) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, NodeDevices, HardwareSnapshot]]:
     node = NodeDevices(lambda: FakeBackend.from_spec(hardware))
-    await node.open()
+    session = contextlib.AsyncExitStack()
+    await session.enter_async_context(node.session())
     options = resolve_options(_flags(work, shares=shares))
     node.commit(await node.read(), plugin_settings(load_config(options), options))
     count = len(node.snapshot.gpus) + sum(len(g.mig_devices) for g in node.snapshot.gpus)
@@ -121,7 +122,7 @@ async def dra_rig(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await client.close()
-            await node.close()
+            await session.aclose()
 
 
 async def prepare_figures(plan: Plan, case: str) -> list[Figure]:

@@ -24,7 +24,7 @@ from gpuslice.config.settings import Settings
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 FIGURES = ("config_change_p99",)
 NODE = "bench-node"

@@ -21,7 +21,8 @@ from gpuslice.frontends.deviceplugin import ResourceHandler
 from gpuslice.services.agent import Agent
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import Parts, build_node, device_plugin_of, parts
+from gpuslice.wiring.agent import Parts, device_plugin_of, parts
+from gpuslice.wiring.node import build_node
 
 GPU = "nvidia.com/gpu"
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from gpuslice.core.advice import MIB, UNKNOWN, WASTEFUL, Advice, Rules, advise, total_gpus_back
 from gpuslice.core.advice_config import propose_config
 from gpuslice.core.errors import ConfigError
-from gpuslice.wiring import SyntheticPrometheus, mig_profiles, prometheus_facts
+from gpuslice.wiring.commands import mig_profiles, prometheus_facts
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -73,6 +73,8 @@ def run_advise(
 def demo_advice(pods: int = 8) -> str:
     """The advice table over a synthetic Prometheus (the testing kit's) holding a day of
     `pods` containers' series on A100s: the shape of what `advise` prints."""
+    from gpuslice.testing.prometheus import SyntheticPrometheus
+
     with SyntheticPrometheus(pods) as fake:
         table = run_advise(fake.url, window="1d", step="30s", min_samples=120, namespace="",
                            output="table", end=1_800_000_000)  # fmt: skip

@@ -219,7 +219,7 @@ def run(ctx: click.Context, /, log_level: str, log_format: str, **params: Any) -
     """Run the node agent: serve every resource to the kubelet until SIGTERM."""
     start_logs(log_level, log_format)
     opts = run_options(ctx, params, "run")
-    from gpuslice.wiring import run_node
+    from gpuslice.wiring.run import run_node
 
     try:
         asyncio.run(_until_signalled(run_node, opts))

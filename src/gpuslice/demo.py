@@ -18,17 +18,16 @@ from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.demo_isolation import isolation_walkthrough
-from gpuslice.wiring import (
+from gpuslice.testing.configmap import write_configmap_volume
+from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.testing.kubelet.records import (
     AdmittedContainer,
     InsufficientResourceError,
-    KubeletStandin,
-    MemoryNodeApi,
-    Node,
     StandinError,
-    build_node,
-    device_plugin_of,
-    write_configmap_volume,
 )
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring.agent import device_plugin_of
+from gpuslice.wiring.node import Node, build_node
 
 GPU = "nvidia.com/gpu"
 # Package data, so the demo runs from a wheel or an image (examples/ links to it).

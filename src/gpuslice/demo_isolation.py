@@ -13,7 +13,10 @@ from typing import Any
 
 from gpuslice.config.options import resolve_options
 from gpuslice.core.isolation import LABEL, node_mode
-from gpuslice.wiring import CgroupTree, KubeletStandin, MemoryNodeApi, build_node, r615_node
+from gpuslice.testing.cgroups import CgroupTree, r615_node
+from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring.node import build_node
 
 GPU = "nvidia.com/gpu"
 CONFIG = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n" + (

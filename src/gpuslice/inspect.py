@@ -16,14 +16,9 @@ from gpuslice.core.labels import label_node
 from gpuslice.core.mps import plan_serving
 from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
 from gpuslice.core.sharing import MPS, ResourceSettings
-from gpuslice.wiring import (
-    isolation_facts,
-    machine_type,
-    open_backend,
-    plugin_settings,
-    time_slicer,
-    toolkit_problem,
-)
+from gpuslice.wiring.agent import toolkit_problem
+from gpuslice.wiring.host import machine_type, open_backend, plugin_settings, time_slicer
+from gpuslice.wiring.node import isolation_facts
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:

@@ -3,6 +3,6 @@ services.labels_node)."""
 
 from __future__ import annotations
 
-from gpuslice.wiring import run_labels
+from gpuslice.wiring.commands import run_labels
 
 __all__ = ["run_labels"]

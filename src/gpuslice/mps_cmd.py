@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 
 from gpuslice.config.checks import show
 from gpuslice.config.options import RunOptions
@@ -21,8 +20,9 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
 async def run_mps_control(
     opts: RunOptions, stop: asyncio.Event, *, simulated: bool = False
 ) -> None:
-    """Serve until `stop`; no more of the agent's wiring is loaded, so this process stays
-    small. Raises ConfigError (one line) when the root or the socket cannot be used."""
+    """Serve until `stop` (wiring.mps_control composes it, loading no more of the agent,
+    so this process stays small). Raises ConfigError (one line) when the root or the
+    socket cannot be used."""
     root = opts.mps_root
     if not root or not os.path.isabs(root):
         raise ConfigError(
@@ -37,18 +37,14 @@ async def run_mps_control(
             f"{where}: got {show(socket)}; expected a path of at most {SOCKET_PATH_MAX} bytes "
             "(a unix socket's limit)"
         )
-    from gpuslice.adapters.mps import LocalLauncher, MpsHost
+    from gpuslice.wiring.mps_control import serve_mps_control
 
     try:
         os.makedirs(root, mode=0o755, exist_ok=True)
     except OSError as exc:
         why = exc.strerror
         raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {why}") from None
-    binary = [opts.mps_control_binary]
-    if simulated:
-        binary = [sys.executable, "-m", "gpuslice.testing.mps_control"]
-    host = MpsHost(LocalLauncher(binary), root)
     try:
-        await host.serve(socket, stop)
+        await serve_mps_control(opts.mps_control_binary, root, socket, stop, simulated=simulated)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot serve on {show(socket)}: {exc.strerror}") from None

@@ -18,7 +18,7 @@ from kube_fakes import FAST_BACKOFF, FakeApiServer, Follower, fake_client, write
 from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.config.options import resolve_options
 from gpuslice.core.errors import BackendError
-from gpuslice.wiring import node_api
+from gpuslice.wiring.node import node_api
 
 NS = "gpu-ops"
 FEATURE = ("gpu-ops", "nvidia-features-for-n1")

@@ -114,7 +114,7 @@ def test_the_agent_looks_for_nvml_where_driver_root_ctr_path_says(tmp_path: Path
     """`gpuslice run` passes --driver-root-ctr-path (DRIVER_ROOT_CTR_PATH) to the NVML loader:
     the error names that mount point, not the default one."""
     from gpuslice.config.options import resolve_options
-    from gpuslice.wiring import open_backend
+    from gpuslice.wiring.host import open_backend
 
     root = tmp_path / "host-driver"
     root.mkdir()

@@ -21,7 +21,7 @@ from gpuslice.services.config_source import (
     DirectoryEntries,
 )
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node, config_entries
+from gpuslice.wiring.node import build_node, config_entries
 
 NODE = "gpu-node-1"
 CHART_MAP = f"{RELEASE}-gpuslice-configs"  # the ConfigMap the chart makes from config.map
@@ -39,8 +39,9 @@ DOWNWARD = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE, "metadata.na
 
 
 def agent_env(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
-    """The container's env as the agent sees it on NODE: downward-API fields filled in."""
-    out = {}
+    """The container's env as the agent sees it on NODE: downward-API fields filled in,
+    and the API server's address the kubelet gives every container."""
+    out = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
     for name, value in env(objects).items():
         out[name] = value if isinstance(value, str) else DOWNWARD[value["fieldRef"]["fieldPath"]]
     return out

@@ -15,7 +15,7 @@ from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 pytestmark = pytest.mark.gpu
 GPU = "nvidia.com/gpu"

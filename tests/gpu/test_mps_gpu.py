@@ -25,7 +25,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 pytestmark = pytest.mark.gpu
 GPU = "nvidia.com/gpu"

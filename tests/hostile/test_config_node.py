@@ -16,7 +16,7 @@ from gpuslice.config.options import resolve_options
 from gpuslice.services.node import Node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 from .test_config_text import BAD_TAGS, BOMB, GOOD
 

@@ -29,7 +29,8 @@ from gpuslice.services.agent import Agent
 from gpuslice.services.node import Node
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import Parts, build_node, device_plugin_of, parts
+from gpuslice.wiring.agent import Parts, device_plugin_of, parts
+from gpuslice.wiring.node import build_node
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

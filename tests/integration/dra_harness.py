@@ -39,7 +39,7 @@ from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring import plugin_settings
+from gpuslice.wiring.host import plugin_settings
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -50,17 +50,22 @@ class NodeHealth:
     """The node's device state (services.node_devices, as `gpuslice run` has it) on the
     simulated hardware, committed with `settings`; `mark` is health's own report."""
 
-    def __init__(self, devices: NodeDevices) -> None:
+    def __init__(self, devices: NodeDevices, session: contextlib.AsyncExitStack) -> None:
         self.devices = devices
+        self._session = session
 
     @classmethod
     async def open(
         cls, hardware: str, settings: Settings, cdi: CdiSpecs | None = None
     ) -> NodeHealth:
         devices = NodeDevices(lambda: FakeBackend.from_spec(hardware), cdi=cdi)
-        await devices.open()
+        session = contextlib.AsyncExitStack()
+        await session.enter_async_context(devices.session())
         devices.commit(await devices.read(), settings)
-        return cls(devices)
+        return cls(devices, session)
+
+    async def close(self) -> None:
+        await self._session.aclose()
 
     @property
     def settings(self) -> Settings:
@@ -193,7 +198,7 @@ async def dra_rig(
         finally:
             await kubelet.close()
             await rig.stop()
-            await health.devices.close()
+            await health.close()
 
 
 def uids(*claims: tuple[str, str, str]) -> list[str]:

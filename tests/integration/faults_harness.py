@@ -25,7 +25,7 @@ from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import PluginEndpoint
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
-from gpuslice.wiring import Parts
+from gpuslice.wiring.agent import Parts
 
 SETTLE_TIMEOUT_S = 5.0
 

@@ -25,7 +25,8 @@ from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.node import Node
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import Parts, build_node, device_plugin_of, parts
+from gpuslice.wiring.agent import Parts, device_plugin_of, parts
+from gpuslice.wiring.node import build_node
 
 NODE = "gpu-node-7"
 NAMESPACE = "gpu-operator"

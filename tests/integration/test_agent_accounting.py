@@ -18,7 +18,7 @@ from gpuslice.core.attribution import NO_POD, ContainerUsage
 from gpuslice.core.devices import physical_id
 from gpuslice.services.sampler import Sampler
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import Parts
+from gpuslice.wiring.agent import Parts
 
 MIB = 1024 * 1024
 

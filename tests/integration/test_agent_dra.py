@@ -19,7 +19,7 @@ from gpuslice.core.errors import ConfigError
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring import agent
+from gpuslice.wiring.agent import agent
 
 DRIVER, NODE = "gpu.nvidia.com", "node-a"
 

@@ -25,7 +25,7 @@ from gpuslice.services.isolation import Isolation
 from gpuslice.services.sampler import Sampler
 from gpuslice.testing.cgroups import CGROUPFS, SYSTEMD, CgroupTree, r615_node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import Parts
+from gpuslice.wiring.agent import Parts
 
 GPU = "nvidia.com/gpu"
 MIB = 1 << 20

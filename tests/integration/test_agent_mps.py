@@ -35,7 +35,7 @@ from gpuslice.services.mps import MpsDaemons
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.mps_client import LOST, REFUSED, SimulatedClient
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 POLL_S = 0.05  # how often a retiring daemon's clients are counted here
 

@@ -26,7 +26,7 @@ from node_harness import time_slicing
 
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 SHARED = "nvidia.com/gpu.shared"
 

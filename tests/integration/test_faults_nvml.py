@@ -27,7 +27,7 @@ from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.errors import BackendError
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import Parts
+from gpuslice.wiring.agent import Parts
 
 FAST_RECOVERY = {"GPUSLICE_HEALTH_HOLDDOWN": "50ms", "GPUSLICE_HEALTH_MAX_FLAPS": "100"}
 

@@ -38,7 +38,7 @@ from gpuslice.frontends.deviceplugin.manager import PluginManager, PluginServerF
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.services.agent import AgentTaskFailed
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import Parts
+from gpuslice.wiring.agent import Parts
 
 QUICK = RestartBudget(first_delay_s=0.01, max_delay_s=0.05)  # upstream's count, short backoff
 # Room to act between the first failed starts and the sixth.

@@ -38,7 +38,7 @@ from gpuslice.core.ports import GpuBackend
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 
@@ -188,7 +188,7 @@ async def test_a_broken_config_keeps_the_old_one_serving_and_says_so(
     ready, details = running.node.readiness()
     assert ready  # still serving everything
     assert details["config"] == {"config": "ts-4", "ok": False, "detail": event.message}
-    assert details["resources"] == {GPU: True}
+    assert details["device-plugin"]["resources"] == {GPU: True}
 
     seen = running.manager.checks
     running.update_configmap({**CONFIGS, "h100-mps": time_slicing(8)})  # the fix

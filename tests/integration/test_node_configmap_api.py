@@ -32,7 +32,7 @@ from gpuslice.services.config_source import DEFAULT_ANNOTATION
 from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, Grant, write_kubeconfig
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import build_node, node_api
+from gpuslice.wiring.node import build_node, node_api
 
 CM = "gpuslice-configs"
 MIG_1G = "nvidia.com/mig-1g.5gb"

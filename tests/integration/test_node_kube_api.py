@@ -29,7 +29,7 @@ from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, Grant, access_of, write_kubeconfig
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring import build_node, node_api
+from gpuslice.wiring.node import build_node, node_api
 
 POD = "gpuslice-x7k2p"
 FEATURE = (NAMESPACE, f"nvidia-features-for-{NODE}")

@@ -61,7 +61,7 @@ async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports
     status, body = await _http_get(port, "/readyz")
     assert status == 200, body
     assert body["ready"] is True
-    assert body["resources"] == {GPU: True}
+    assert body["device-plugin"]["resources"] == {GPU: True}
     assert body["config"] == {
         "config": "ts-4",
         "ok": True,

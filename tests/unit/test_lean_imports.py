@@ -21,7 +21,8 @@ class Absent(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in HEAVY:
             raise ImportError(name + " is not in the runtime image")
 sys.meta_path.insert(0, Absent())
-import gpuslice.cli, gpuslice.wiring, gpuslice.services.agent, gpuslice.adapters.deviceplugin.server
+import gpuslice.cli, gpuslice.wiring.run, gpuslice.services.agent
+import gpuslice.adapters.deviceplugin.server
 rss = 0
 with open("/proc/self/status") as f:
     for line in f:
@@ -68,7 +69,7 @@ def test_what_a_run_may_not_need_is_imported_only_when_used() -> None:
     client load only when a run uses them: each costs start-up time on every node."""
     code = (
         "import json, sys\n"
-        "import gpuslice.cli, gpuslice.wiring, gpuslice.adapters.fake\n"
+        "import gpuslice.cli, gpuslice.wiring.run, gpuslice.adapters.fake\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gpuslice.config.checks import duration_seconds, show
 from gpuslice.config.flags import FLAGS_BY_NAME, FlagValues, GfdEnv, read_flags
@@ -85,7 +86,7 @@ class RunOptions:
             return self.own_plugin_dir
         return os.path.dirname(self.kubelet_socket) or DEFAULT_PLUGIN_DIR
 
-    @property
+    @cached_property
     def config_dir(self) -> str:
         """The mounted ConfigMap directory of per-node configs, if any. Raises ConfigError
         when a config name is given too: there the node label or default picks it."""
@@ -99,7 +100,7 @@ class RunOptions:
         self._check_no_config_name(found)
         return found
 
-    @property
+    @cached_property
     def per_node(self) -> bool:
         """Whether the config is chosen per node (a directory or a ConfigMap of configs).
         Raises ConfigError for both at once, with a config name, or without a node name."""
@@ -134,7 +135,7 @@ _NO_NODE_NAME = (
     "--node-name or NODE_NAME (usually from the downward API, fieldPath spec.nodeName), "
     "otherwise every node would serve the default config"
 )
-# Errors wiring raises where what it needs is missing, naming the flags to set.
+# Errors raised where what a command needs is missing, naming the flags to set.
 NO_API_FOR_CONFIG_MAP = (
     "--config-map (CONFIG_MAP) {name}: the ConfigMap is read through the Kubernetes API, "
     "and there is none: run in a cluster or set --kubeconfig (KUBECONFIG)"
@@ -167,7 +168,7 @@ def resolve_options(
     env = {} if env is None else env
     flags = read_flags(cli_values or {}, env, command)
     text, value = flags.text, flags.value
-    return RunOptions(
+    opts = RunOptions(
         flags,
         config_name=config_name,
         fake_hardware=fake_hardware,
@@ -219,6 +220,22 @@ def resolve_options(
         dra_plugins_dir=text("dra-plugins-dir"),
         dra_registry_dir=text("dra-registry-dir"),
     )
+    if command != "inspect":  # inspect shows what DRA would publish, with no cluster
+        _check_dra(opts)
+    return opts
+
+
+def _check_dra(opts: RunOptions) -> None:
+    """Raises ConfigError when DRA is asked for and cannot be served."""
+    if opts.dra is None:
+        return
+    if not opts.node_name or not (opts.kubeconfig or opts.in_cluster):
+        raise ConfigError(NO_API_FOR_DRA)
+    if not opts.cdi_spec_dir:
+        raise ConfigError(
+            "--dra (GPUSLICE_DRA): a DRA claim's devices reach its containers only through "
+            "CDI; set --cdi-spec-dir (CDI_SPEC_DIR) to the runtime's CDI directory"
+        )
 
 
 def _count(value: object) -> int:

@@ -9,27 +9,34 @@ which serves them. Whoever wants new settings (the config manager) puts them int
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import structlog
 
 from gpuslice import __version__
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.ports import FrontEnd, Metrics
+from gpuslice.core.ports import AgentNode, FrontEnd, HealthWatch, Metrics
 from gpuslice.core.settings import Settings
 from gpuslice.core.waiting import unless_stopped
 from gpuslice.services.changes import counts, gpus, resource_changes, served
 from gpuslice.services.desired import DesiredSettings
-from gpuslice.services.node_devices import NodeDevices
 
 log = structlog.get_logger("gpuslice.agent")
 
 
-class Agent:
+N = TypeVar("N", bound=AgentNode)
+
+
+class Agent(Generic[N]):
+    """The converge loop over a node's device state (the AgentNode port) and its
+    front-ends."""
+
     def __init__(
         self,
-        node: NodeDevices,
+        node: N,
         front_ends: Sequence[FrontEnd],
         *,
         metrics: Metrics = NO_METRICS,
@@ -49,16 +56,15 @@ class Agent:
         Raises the error of a front-end that gave up (after stopping everything), and
         AgentTaskFailed when a loop that follows the outside world ended.
         """
-        node = self.node
-        try:
-            first = await unless_stopped(self.desired.newer_than(0), stop)
-            if first is None:
-                return
-            generation, settings = first.result()
-            for warning in settings.warnings:
-                log.warning("config_warning", config=settings.shown, detail=warning)
+        first = await unless_stopped(self.desired.newer_than(0), stop)
+        if first is None:
+            return
+        generation, settings = first.result()
+        for warning in settings.warnings:
+            log.warning("config_warning", config=settings.shown, detail=warning)
+        async with contextlib.AsyncExitStack() as stack:
             try:
-                await node.open()
+                session = await stack.enter_async_context(self.node.session(self._hand_over))
             except GpusliceError as exc:
                 if settings.fail_on_init_error:
                     self.desired.settle(generation, exc)
@@ -66,41 +72,39 @@ class Agent:
                 log.error("backend_unavailable_waiting", error=str(exc), fail_on_init_error=False)
                 await self._accept_until(stop)
                 return
-            await self._serve_until(generation, settings, stop)
-        finally:
-            await node.close()  # whatever ended it, cancellation too
+            await self._serve_until(session, generation, settings, stop)
 
-    async def _serve_until(self, generation: int, settings: Settings, stop: asyncio.Event) -> None:
+    async def _serve_until(
+        self, session: HealthWatch, generation: int, settings: Settings, stop: asyncio.Event
+    ) -> None:
         node = self.node
-        try:
-            async with node.running():
-                for front_end in self.front_ends:  # one may wait for a predecessor
-                    started = await unless_stopped(front_end.start(), stop)
-                    if started is None:
-                        return
-                    started.result()  # raises what the start did
-                await self._serve_first(generation, settings)
-                async with node.watching_health():
-                    self.ready.set()
-                    log.info(
-                        "agent_started",
-                        version=__version__,
-                        config=settings.shown,
-                        source=settings.source,
-                        summary=settings.summary,
-                        gpus=gpus(node.snapshot),
-                        serving=served(counts(node.resources)),
-                    )
-                    await self._follow(stop)
-        finally:
-            # First: the MPS daemons run on unsupervised, so a successor can adopt them
-            # while the front-ends hand over to it.
-            await node.stop_daemons()
-            for front_end in self.front_ends:
-                await front_end.stop()
-            for front_end in self.front_ends:
-                front_end.release()  # a successor may serve now, while we close the rest
-            log.info("agent_stopped")
+        for front_end in self.front_ends:  # one may wait for a predecessor
+            started = await unless_stopped(front_end.start(), stop)
+            if started is None:
+                return
+            started.result()  # raises what the start did
+        await self._serve_first(generation, settings)
+        async with session.watching_health():
+            self.ready.set()
+            log.info(
+                "agent_started",
+                version=__version__,
+                config=settings.shown,
+                source=settings.source,
+                summary=settings.summary,
+                gpus=gpus(node.snapshot),
+                serving=served(counts(node.resources)),
+            )
+            await self._follow(stop)
+
+    async def _hand_over(self) -> None:
+        """The node session's way out, once the MPS daemons run on unsupervised: every
+        front-end stops, then lets go, so a successor may serve while the rest closes."""
+        for front_end in self.front_ends:
+            await front_end.stop()
+        for front_end in self.front_ends:
+            front_end.release()
+        log.info("agent_stopped")
 
     async def apply_settings(self, settings: Settings) -> None:
         """Make `settings` the desired ones and wait until they are served, touching only

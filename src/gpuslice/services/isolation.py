@@ -242,7 +242,7 @@ class Isolation:
         """On the worker: the modes, the pods' cgroups, the kubelet's checkpoint; the
         limits that differ set, those no longer wanted cleared."""
         limits = _limits_of(backend)
-        problem = NO_LIMITS if limits is None else limits.limit_problem()
+        problem = limit_problem(backend)
         resources, policy = inputs.resources, inputs.settings.memory
         mps = frozenset(
             d.gpu_uuid for r in resources if r.sharing == MPS and r.replicated for d in r.devices
@@ -333,6 +333,12 @@ def _in_force(limits: MemoryLimits, cgroup: str, gpus: list[str]) -> dict[str, L
             if reading.limited:
                 out[gpu] = Limit(reading.hard, reading.soft)
     return out
+
+
+def limit_problem(backend: GpuBackend) -> str:
+    """Why the backend cannot set per-cgroup memory limits ("" when it can)."""
+    limits = _limits_of(backend)
+    return NO_LIMITS if limits is None else limits.limit_problem()
 
 
 def _limits_of(backend: GpuBackend) -> MemoryLimits | None:

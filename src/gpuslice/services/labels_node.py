@@ -59,9 +59,9 @@ class LabelsNode:
         """Label until `stop` (once when oneshot). Raises GpusliceError for a backend that
         cannot start (unless failOnInitError is false) and, in oneshot mode, a labelling
         or output that fails."""
-        try:
+        async with contextlib.AsyncExitStack() as stack:
             try:
-                await self.devices.open()
+                await stack.enter_async_context(self.devices.session())
                 self._backend = True
             except GpusliceError as exc:
                 if self._first.fail_on_init_error:
@@ -73,8 +73,6 @@ class LabelsNode:
                 async with self._on_each(reload):
                     await self.labeller.run(stop)
                 done.set()
-        finally:
-            await self.devices.close()
 
     async def _apply(self, settings: Settings) -> None:
         self._settings = settings

@@ -239,15 +239,17 @@ class MpsDaemons:
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        notify: Notify | None = None,
     ) -> None:
         """`roots`: MPS roots looked through for daemons to adopt or retire beside the
-        config's mpsRoot (the --mps-root the node was deployed with)."""
+        config's mpsRoot (the --mps-root the node was deployed with); `notify` records why
+        new replicas are withheld."""
         self.launcher, self.commands = launcher, commands
         self.pinned_limit_mib = pinned_limit_mib
         self.budget = budget or RestartBudget()
         self.poll_s = poll_s
         self.clock, self.sleep = clock, sleep
-        self.notify: Notify | None = None  # records why new replicas are withheld
+        self.notify = notify
         self.daemons: dict[str, _Supervisor] = {}
         self._roots = {r for r in roots if r}
         self._scanned: set[str] = set()

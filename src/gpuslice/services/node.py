@@ -42,7 +42,7 @@ class LabelOptions:
 
 @dataclass
 class NodeDeps:
-    agent: Agent
+    agent: Agent[NodeDevices]
     # Builds the config manager (the config file, or per-node configs) around the
     # callback that applies a config.
     config: Callable[[Apply], ConfigManager[Settings]]
@@ -77,14 +77,12 @@ class Node:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once every front-end serves and is known to the kubelet, or waits to take
-        over from a predecessor (a `waiting` detail), and no MPS resource waits for an old
-        daemon's clients; details say why not, and which config is in force (a rejected
-        one is reported here too)."""
+        over from a predecessor (its `waiting_for`), and no MPS resource waits for an old
+        daemon's clients; details say why not (each front-end's status under its name),
+        and which config is in force (a rejected one is reported here too)."""
         front_ends = self.agent.front_ends
-        details: dict[str, Any] = {}
-        for front_end in front_ends:
-            details.update(front_end.status())
-        started = self.agent.ready.is_set() or "waiting" in details
+        details: dict[str, Any] = {f.name: dict(f.status()) for f in front_ends}
+        started = self.agent.ready.is_set() or any(f.waiting_for for f in front_ends)
         ready = started and all(f.ready() for f in front_ends)
         if self.devices.unavailable is not None:
             details["backend"] = self.devices.unavailable

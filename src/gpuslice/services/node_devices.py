@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from types import MappingProxyType
@@ -48,6 +48,10 @@ HEALTH = "health"  # the holder name of health's own marks
 MOVED = "moved"  # services.holds: devices in use under another resource
 
 
+async def _nothing() -> None:
+    return None
+
+
 class NodeDevices:
     """Implements core.ports.NodeState; see the module doc."""
 
@@ -64,12 +68,12 @@ class NodeDevices:
     ) -> None:
         self._open_backend = open_backend
         self._cdi = cdi
-        self.mps = mps  # the MPS daemons' supervisors (readiness reads their waits)
+        self._mps = mps
         self._pod_resources = pod_resources
         self._metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslice-backend")
         self._backend: GpuBackend | None = None
-        self.unavailable: str | None = None  # why the backend could not open (kept waiting)
+        self._unavailable: str | None = None
         self._snapshot: HardwareSnapshot | None = None
         self._settings: Settings | None = None
         self._held: dict[str, frozenset[str]] = {}
@@ -78,8 +82,8 @@ class NodeDevices:
         self._served: dict[str, DevicePlan] = {}
         self._generation = 0
         self._changed = asyncio.Event()
-        self.monitor: HealthMonitor | None = None
-        self.holds: DeviceHolds | None = None  # set while running with PodResources
+        self._monitor: HealthMonitor | None = None
+        self._holds: DeviceHolds | None = None  # while in session, with PodResources
 
     # --- what a front-end reads -------------------------------------------------------
 
@@ -94,13 +98,35 @@ class NodeDevices:
 
     @property
     def snapshot(self) -> HardwareSnapshot:
-        assert self._snapshot is not None, "read before the first commit"
+        if self._snapshot is None:
+            raise NotCommitted("the hardware is read before the first commit")
         return self._snapshot
 
     @property
     def settings(self) -> Settings:
-        assert self._settings is not None, "read before the first commit"
+        if self._settings is None:
+            raise NotCommitted("the settings are read before the first commit")
         return self._settings
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the backend could not open (the agent waits on without it)."""
+        return self._unavailable
+
+    @property
+    def mps(self) -> MpsDaemons | None:
+        """The MPS daemons' supervisors (readiness reads their waits)."""
+        return self._mps
+
+    @property
+    def holds(self) -> DeviceHolds | None:
+        """What holds back devices moved while in use (in session, with PodResources)."""
+        return self._holds
+
+    @property
+    def health_marks(self) -> frozenset[str]:
+        """What health itself finds unhealthy now (not the other holds)."""
+        return self._monitor.unhealthy if self._monitor is not None else frozenset()
 
     @property
     def committed(self) -> bool:
@@ -149,20 +175,36 @@ class NodeDevices:
 
     # --- what the agent drives ----------------------------------------------------------
 
-    async def open(self) -> None:
-        """Open the backend on the worker thread. Raises GpusliceError (kept in
-        `unavailable`, as readiness reports it)."""
+    @contextlib.asynccontextmanager
+    async def session(
+        self, hand_over: Callable[[], Awaitable[None]] = _nothing
+    ) -> AsyncIterator[NodeSession]:
+        """The node's lifecycle, in order. On entry the backend opens on the worker thread
+        (GpusliceError out of the `async with`, kept in `unavailable`), then PodResources
+        for the holds (checked at each provide) and the toolkit's CDI spec files are
+        followed. On the way out: the MPS daemons run on unsupervised (a successor adopts
+        them), `hand_over` lets the front-ends stop and hand over, the followers end, and
+        the backend and its worker thread close, whatever ended the block."""
         try:
-            self._backend = await self.call(self._open_backend)
-        except Exception as exc:
-            self.unavailable = f"the GPU backend is not available: {exc}"
-            raise
+            try:
+                backend = await self.call(self._open_backend)
+            except Exception as exc:
+                self._unavailable = f"the GPU backend is not available: {exc}"
+                raise
+            self._backend = backend
+            async with self._running():
+                try:
+                    yield NodeSession(self, backend)
+                finally:
+                    if self._mps is not None:
+                        await self._mps.close()
+                    await hand_over()
+        finally:
+            await self._close()
 
     async def read(self) -> HardwareSnapshot:
-        """The hardware now (on the worker thread). Raises BackendError."""
-        backend = self._backend
-        assert backend is not None
-        return await self.call(backend.snapshot)
+        """The hardware now (on the worker thread). Raises BackendError while not open."""
+        return await self.on_backend(lambda backend: backend.snapshot())
 
     def commit(self, snapshot: HardwareSnapshot, settings: Settings) -> None:
         """Make `snapshot` and `settings` the ones in force (checked by every front-end)."""
@@ -177,7 +219,7 @@ class NodeDevices:
         resources: Sequence[Resource],
     ) -> DevicePlan:
         check_policy(resources, settings.memory)  # ConfigError: refused like any config
-        mps, root = self.mps, settings.allocate.mps_root
+        mps, root = self._mps, settings.allocate.mps_root
         pinned = mps.pinned_limit_mib if mps else 0
         daemons = plan_daemons(resources, snapshot.gpus, root, pinned_limit_mib=pinned)
         return DevicePlan(by, tuple(resources), settings.allocate, daemons)
@@ -191,70 +233,61 @@ class NodeDevices:
         self._served[plan.by] = plan
         plans = tuple(self._served.values())
         resources = self.resources
-        if self.holds is not None:  # before the new lists go out
-            await self.holds.check(self.snapshot, resources)
+        if self._holds is not None:  # before the new lists go out
+            await self._holds.check(self.snapshot, resources)
         allocate = plan.allocate
         if self._cdi is not None:  # before the kubelet can allocate a new device
             allocate = await self._cdi.apply(resources, allocate)  # one settings for all
-        if self.mps is not None:  # an MPS resource is served only while its daemon does
+        if self._mps is not None:  # an MPS resource is served only while its daemon does
             daemons = [d for p in plans for d in p.daemons]
-            self.mps.apply(daemons, self.hold, plan.allocate.mps_root)  # returns at once
-        if self.monitor is not None:
-            self.monitor.set_hardware(self.snapshot, resources)
+            self._mps.apply(daemons, self.hold, plan.allocate.mps_root)  # returns at once
+        if self._monitor is not None:
+            self._monitor.set_hardware(self.snapshot, resources)
         return allocate
 
+    async def follow_holds(self) -> None:
+        """Check the holds every few seconds against what is served; until cancelled."""
+        if self._holds is None:
+            await asyncio.Event().wait()
+            return
+        await self._holds.run(lambda: (self.snapshot, self.resources))
+
+    # --- inside ----------------------------------------------------------------------------
+
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """While open: PodResources for the holds (checked at each provide), and the
-        toolkit's CDI spec files followed."""
+    async def _running(self) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             if self._pod_resources is not None:
                 pods = await stack.enter_async_context(self._pod_resources())
-                self.holds = DeviceHolds(pods, lambda held: self.hold(held, by=MOVED))
+                self._holds = DeviceHolds(pods, lambda held: self.hold(held, by=MOVED))
             if self._cdi is not None:
                 following = asyncio.create_task(self._cdi.follow_toolkit())
                 stack.push_async_callback(_cancelled, following)
             yield
 
     @contextlib.asynccontextmanager
-    async def watching_health(self) -> AsyncIterator[None]:
-        """Health (events and re-probes, by the settings in force) while the block runs."""
-        assert self._backend is not None
+    async def _watching_health(self, backend: GpuBackend) -> AsyncIterator[None]:
         settings = self.settings
-        self.monitor = HealthMonitor(
-            self._backend,
+        self._monitor = HealthMonitor(
+            backend,
             settings.xid_policy,
             self.health_changed,
             recovery=settings.recovery,
             call=self.call,
             metrics=self._metrics,
         )
-        self.monitor.set_hardware(self.snapshot, self.resources)
-        async with self.monitor:
+        self._monitor.set_hardware(self.snapshot, self.resources)
+        async with self._monitor:
             yield
 
-    async def follow_holds(self) -> None:
-        """Check the holds every few seconds against what is served; until cancelled."""
-        if self.holds is None:
-            await asyncio.Event().wait()
-            return
-        await self.holds.run(lambda: (self.snapshot, self.resources))
-
-    async def stop_daemons(self) -> None:
-        """Stop supervising the MPS daemons: they run on, and a successor adopts them."""
-        if self.mps is not None:
-            await self.mps.close()
-
-    async def close(self) -> None:
-        """Close the backend and its worker thread; again is a no-op."""
+    async def _close(self) -> None:
+        """Close the backend and its worker thread."""
         try:
             backend, self._backend = self._backend, None
             if backend is not None:
                 await self.call(backend.close)
         finally:
             self._pool.shutdown(wait=True)
-
-    # --- inside ----------------------------------------------------------------------------
 
     def health_changed(self, unhealthy: frozenset[str]) -> list[str]:
         """Health's own marks (the health monitor's on_change); returns the served names
@@ -280,3 +313,19 @@ async def _cancelled(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+class NodeSession:
+    """The node while its backend is open (NodeDevices.session)."""
+
+    def __init__(self, devices: NodeDevices, backend: GpuBackend) -> None:
+        self._devices, self._backend = devices, backend
+
+    def watching_health(self) -> AbstractAsyncContextManager[None]:
+        """Health (events and re-probes, by the settings in force) while the block runs;
+        after the first commit (NotCommitted before)."""
+        return self._devices._watching_health(self._backend)
+
+
+class NotCommitted(RuntimeError):  # noqa: N818 - reads as what happened
+    """Read before the first commit of a snapshot and settings (a bug)."""

@@ -18,7 +18,7 @@ def node_state(node: Node, resources: Resources) -> NodeState:
     if not node.agent.ready.is_set():
         return NodeState(served, config=None, config_ok=False)
     devices = node.devices
-    bad = devices.monitor.unhealthy if devices.monitor is not None else frozenset()
+    bad = devices.health_marks
     gpus = tuple(
         GpuState(
             gpu.index,

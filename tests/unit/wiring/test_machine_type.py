@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from gpuslice.config.options import resolve_options
-from gpuslice.wiring import MACHINE_TYPE_MAX_BYTES, machine_type
+from gpuslice.wiring.host import MACHINE_TYPE_MAX_BYTES, machine_type
 
 OPTS = resolve_options(command="run")
 

@@ -13,7 +13,7 @@ import pytest
 from gpuslice import cli
 from gpuslice.config import flags, loader
 from gpuslice.config.loader import LoadedConfig
-from gpuslice.wiring import build_node
+from gpuslice.wiring.node import build_node
 
 TS = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"

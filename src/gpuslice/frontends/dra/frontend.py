@@ -32,6 +32,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import build_devices, dra_resources, dra_settings
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
+from gpuslice.core.metrics import ResourceState
 from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
 from gpuslice.core.resources import build_resources
 from gpuslice.core.restart import Backoff
@@ -139,6 +140,10 @@ class DraFrontEnd:
             and not self.publisher.pending
             and not self.driver.checkpoint_error
         )
+
+    def resource_states(self) -> tuple[ResourceState, ...]:
+        """None: DRA's devices are published as slices, not advertised per resource."""
+        return ()
 
     def status(self) -> Mapping[str, object]:
         out: dict[str, Any] = {

@@ -1,0 +1,227 @@
+"""`gpuslice run`'s node: the agent, the config follower, the labeller, accounting and
+memory isolation, over the Kubernetes API when there is one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.config.loader import LoadedConfig
+from gpuslice.config.options import NO_API_FOR_CONFIG_MAP, NO_API_FOR_NODE_FEATURES, RunOptions
+from gpuslice.config.settings import Settings, load_config, settings_from
+from gpuslice.config.v1 import Config
+from gpuslice.core.errors import ConfigError
+from gpuslice.core.isolation import HostFacts
+from gpuslice.core.metrics import NO_METRICS
+from gpuslice.core.ports import (
+    DirEvents,
+    GpuBackend,
+    LabelSink,
+    Metrics,
+    NodeApi,
+    PodEvents,
+    PodResources,
+)
+from gpuslice.core.settings import LabelSettings
+from gpuslice.services.claim_shares import ClaimShares
+from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
+from gpuslice.services.config_source import (
+    ConfigMapEntries,
+    DirectoryEntries,
+    EntrySource,
+    FileEntries,
+)
+from gpuslice.services.isolation import Isolation, limit_problem
+from gpuslice.services.labeller import NodeFeatureSink
+from gpuslice.services.mps import MPS_WAITING_REASON, Notify
+from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
+from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.sampler import Sampler
+from gpuslice.services.watchdog import Watchdog
+from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, watch
+from gpuslice.wiring.host import host, plugin_settings
+
+if TYPE_CHECKING:
+    from gpuslice.adapters.kube import KubeNodeApi
+
+__all__ = ["Node", "build_node", "config_entries", "isolation_facts", "label_output", "node_api"]
+
+Accounting = Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]]
+
+
+def node_api(opts: RunOptions) -> KubeNodeApi | None:
+    """The Kubernetes API for this node when there is one to talk to."""
+    if not opts.node_name or not (opts.kubeconfig or opts.in_cluster):
+        return None
+    from gpuslice.adapters.kube import KubeNodeApi
+
+    return KubeNodeApi(
+        kubeconfig=opts.kubeconfig or None, pod_name=opts.pod_name or None, host=opts.node_name
+    )
+
+
+def build_node(
+    opts: RunOptions,
+    api: NodeApi | None,
+    metrics: Metrics = NO_METRICS,
+    with_parts: Parts | None = None,
+    accounting: Accounting | None = None,
+) -> Node:
+    """`gpuslice run`'s node: the agent, the config manager (over the config file or the
+    per-node configs), the labeller when configured. Raises ConfigError (the config file
+    is read here, once: its first load is the one served first)."""
+    per_node = config_entries(opts, api)
+    first: tuple[LoadedConfig, Settings] | None = None
+    if per_node is None:
+        loaded = load_config(opts)
+        first = (loaded, plugin_settings(loaded, opts))
+    entries = per_node or FileEntries(loaded.source, lambda: load_config(opts), first=loaded)
+    source: NodeLabelSource = api if api is not None else NoCluster()
+
+    def to_settings(loaded: LoadedConfig) -> Settings:
+        if first is not None and loaded is first[0]:
+            return first[1]  # resolved above: one resolve per load
+        return plugin_settings(loaded, opts)
+
+    def manager(apply: Apply) -> ConfigManager[Settings]:
+        return ConfigManager(
+            source,
+            opts.node_name,
+            entries,
+            to_settings,
+            apply,
+            label=opts.node_label if first is None else None,
+            default=opts.default_config or None,
+            fallbacks=opts.fallback_strategies,
+            metrics=metrics,
+        )
+
+    labels = None
+    if opts.labels == "true" or (opts.labels == "auto" and api is not None):
+        # Per-node configs are chosen later: there only flags, env vars and defaults count.
+        gfd = first[1].labels if first else settings_from(LoadedConfig(Config()), opts).labels
+        labels = label_output(opts, api, gfd)
+    shares = ClaimShares() if opts.dra is not None and opts.memory_isolation else None
+    notify = _mps_waiting(api, opts.node_name) if api is not None and opts.node_name else None
+    node_agent = agent(opts, metrics, with_parts, shares=shares, mps_notify=notify)
+    trouble = (lambda: api.watch_trouble) if api is not None else lambda: None
+    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, shares), trouble)
+    return Node(deps)
+
+
+def _mps_waiting(api: NodeApi, node: str) -> Notify:
+    """New MPS replicas withheld while an old daemon's clients finish: on the Node."""
+
+    async def notify(message: str) -> None:
+        await api.record_event(node, MPS_WAITING_REASON, message, warning=True)
+
+    return notify
+
+
+def isolation_facts(opts: RunOptions, backend: GpuBackend) -> HostFacts:
+    """What decides each GPU's memory isolation: the driver's answer and the host's
+    cgroup tree under --cgroup-root (`gpuslice inspect`)."""
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+
+    return PodCgroupTree(opts.cgroup_root).facts(limit_problem(backend))
+
+
+def isolation(
+    opts: RunOptions, claims: ClaimShares | None = None
+) -> Callable[[NodeDevices], Isolation] | None:
+    """Per-pod GPU memory limits (--memory-isolation): the host's pod cgroups under
+    --cgroup-root, the kubelet's device checkpoint and the DRA front-end's prepared
+    claims (`claims`) for who holds which share."""
+    if not opts.memory_isolation:
+        return None
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+    from gpuslice.adapters.podresources import read_checkpoint
+
+    tree = PodCgroupTree(opts.cgroup_root)
+    path = os.path.join(opts.plugin_dir, CHECKPOINT)
+
+    def build(devices: NodeDevices) -> Isolation:
+        return Isolation(
+            devices,
+            tree,
+            lambda: read_checkpoint(path),
+            watch,
+            also_watch=((opts.plugin_dir, frozenset({CHECKPOINT})),),
+            claims=claims,
+        )
+
+    return build
+
+
+def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
+    return DirWatcher(path, names, poll_interval=0.5)
+
+
+def config_entries(opts: RunOptions, api: NodeApi | None) -> EntrySource | None:
+    """Where the per-node configs come from: the ConfigMap through the API, a mounted
+    directory, or None (one config file). Raises ConfigError naming what is missing."""
+    if not opts.per_node:
+        return None
+    if not opts.config_map:
+        return DirectoryEntries(opts.config_dir, _config_watch)
+    if api is None:
+        raise ConfigError(NO_API_FOR_CONFIG_MAP.format(name=opts.config_map))
+    return ConfigMapEntries(api, opts.namespace, opts.config_map)
+
+
+def label_output(opts: RunOptions, api: NodeApi | None, gfd: LabelSettings) -> LabelOptions:
+    """Where labels go and how often: the NodeFeature object through the API, or a
+    features.d file. Raises ConfigError when the NodeFeature API is asked for and there is
+    no cluster to publish to."""
+    sink: LabelSink
+    if gfd.use_node_feature_api:
+        if api is None or not opts.node_name:
+            raise ConfigError(NO_API_FOR_NODE_FEATURES)
+        sink = NodeFeatureSink(api, opts.node_name, opts.namespace)
+    else:
+        from gpuslice.adapters.nfd_file import FeatureFile
+
+        sink = FeatureFile(gfd.output_file)
+    return LabelOptions(
+        sinks=[sink],
+        interval_s=gfd.interval_s,
+        timestamps=gfd.timestamps,
+        machine=host(opts).machine_type(gfd.machine_type_file),
+        oneshot=gfd.oneshot,
+    )
+
+
+def accounting(
+    opts: RunOptions, events: PodEvents | None, metrics: Metrics, pods: PodResources
+) -> Accounting:
+    """The sampler beside the agent and the memory-budget watchdog it feeds; the host
+    says who owns a GPU process and how to kill one."""
+    owners, kill = host(opts).process_owners()
+
+    def build(devices: NodeDevices, limits: Isolation | None) -> tuple[Sampler, Watchdog | None]:
+        watchdog = Watchdog(
+            opts.memory_budget_policy,
+            opts.memory_budgets,
+            lambda: devices.snapshot,
+            hold=lambda held: devices.hold(held, by="watchdog"),
+            kill=kill,
+            events=events,
+            metrics=metrics,
+            enforced=limits.enforced if limits is not None else frozenset,
+        )
+        sampler = Sampler(
+            devices.on_backend,
+            lambda: devices.snapshot,
+            pods,
+            owners,
+            interval_s=opts.sample_interval_s,
+            sampled=metrics.sampled,
+            failed=metrics.sample_failed,
+            after=watchdog.check,
+            cgroup_used=limits.usage if limits is not None else None,
+        )
+        return sampler, watchdog
+
+    return build
