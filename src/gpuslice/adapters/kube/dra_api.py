@@ -62,5 +62,4 @@ class KubeDraApi:
             raise BackendError(str(exc), transient=True) from None
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._session.aclose()
+        await self._session.aclose(client=self._owns_client)

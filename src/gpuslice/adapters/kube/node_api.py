@@ -115,8 +115,7 @@ class KubeNodeApi:
 
     async def aclose(self) -> None:
         """Close the HTTP client when this object built it."""
-        if self._owns_client:
-            await self._session.aclose()
+        await self._session.aclose(client=self._owns_client)
 
     async def node_labels(self, node: str) -> dict[str, str]:
         from gpuslice.adapters.kube.session import NotFound

@@ -19,6 +19,7 @@ import httpx2
 import msgspec
 import yaml
 from lightkube import AsyncClient, KubeConfig
+from lightkube.config.client_adapter import user_auth
 from lightkube.core.exceptions import ApiError
 from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
@@ -28,7 +29,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.types import PatchType
 
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.bounded import bound_answers
+from gpuslice.adapters.kube.bounded import bounded_transport
 from gpuslice.adapters.kube.watch import (
     OPENED,
     WATCH_TIMEOUT_S,
@@ -73,7 +74,11 @@ def make_client(kubeconfig: str | None) -> AsyncClient:
     )
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-        return AsyncClient(config=config, field_manager=objects.COMPONENT)
+        single = config.get()
+        if single is None:
+            raise KubeConfigError("no current context")
+        transport = bounded_transport(single)
+        return AsyncClient(config=single, field_manager=objects.COMPONENT, transport=transport)
     except (
         KubeConfigError,
         KeyError,
@@ -102,10 +107,15 @@ class ApiSession:
         self._watch_timeout_s = watch_timeout_s
         self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         # lightkube's public watch() cannot ask for bookmarks, so the watch goes through
-        # the client's own httpx2 client (base URL, TLS and auth already set up).
-        self._http: httpx2.AsyncClient = client._client._client
-        bound_answers(self._http)
-        self.server = str(client.config.cluster.server)
+        # an httpx2 client of the session's own, set up from the same kubeconfig.
+        config = client.config
+        self._http = httpx2.AsyncClient(
+            base_url=config.cluster.server,
+            auth=user_auth(config.user),
+            timeout=httpx2.Timeout(10.0),
+            transport=bounded_transport(config),
+        )
+        self.server = str(config.cluster.server)
 
     async def read_node(self, node: str) -> tuple[NodeState, str | None]:
         """The Node's labels and resourceVersion, and its uid. Raises NotFound."""
@@ -361,8 +371,12 @@ class ApiSession:
                 raise BackendError(text, transient=True)
             return msgspec.json.decode(resp.content, type=kind)
 
-    async def aclose(self) -> None:
-        await self._client.close()
+    async def aclose(self, *, client: bool = True) -> None:
+        """Close the session's own HTTP client, and the lightkube client unless `client`
+        is False (its caller owns it)."""
+        await self._http.aclose()
+        if client:
+            await self._client.close()
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -35,7 +35,7 @@ from gpuslice.core.settings import Settings
 from gpuslice.core.topology import Topology
 from gpuslice.frontends.deviceplugin.kubelet_watch import follow_kubelet
 from gpuslice.frontends.deviceplugin.manager import EndpointFactory, PluginManager
-from gpuslice.frontends.deviceplugin.supervisor_events import State
+from gpuslice.services.supervision import State
 
 log = structlog.get_logger("gpuslice.agent")
 
