@@ -46,7 +46,7 @@ from gpuslice.core.selection import (
     check_fallbacks,
     choose_config,
 )
-from gpuslice.core.waiting import unless_stopped
+from gpuslice.core.waiting import first_of, unless_stopped
 from gpuslice.services.config_source import Entries, EntryRejected, EntrySource
 from gpuslice.services.off_loop import read_config
 
@@ -400,15 +400,9 @@ class ConfigManager(Generic[S]):
 
 async def _run_until(stop: asyncio.Event, loops: list[Coroutine[Any, Any, None]]) -> None:
     """Run `loops` until `stop` is set; a loop's failure is raised, one that ends is fine."""
-    stopper = asyncio.ensure_future(stop.wait())
-    tasks = [stopper, *(asyncio.ensure_future(loop) for loop in loops)]
-    pending = set(tasks)
-    try:
-        while not stopper.done():
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await first_of(stop.wait(), *(_then_idle(loop) for loop in loops))
+
+
+async def _then_idle(loop: Coroutine[Any, Any, None]) -> None:
+    await loop
+    await asyncio.Event().wait()

@@ -39,6 +39,7 @@ from gpuslice.adapters.kubelet_socket import SERVER_OPTIONS, answers, serve_rena
 from gpuslice.core.dra.claims import ClaimRef
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import DraHandler, SocketTaken
+from gpuslice.core.waiting import first_of
 
 _log = structlog.get_logger()
 _Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -141,13 +142,7 @@ class _Health(hpb_grpc.DRAResourceHealthServicer):
                     for h in self._handler.health()
                 ]
             )
-            changed = asyncio.ensure_future(self._handler.wait_health_changed(seen))
-            stop = asyncio.ensure_future(self._stopping.wait())
-            try:
-                await asyncio.wait({changed, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (changed, stop):
-                    task.cancel()
+            await first_of(self._handler.wait_health_changed(seen), self._stopping.wait())
 
 
 async def _refs(request: Any, context: _Ctx) -> list[ClaimRef]:

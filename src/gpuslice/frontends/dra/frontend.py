@@ -36,6 +36,7 @@ from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
 from gpuslice.core.resources import build_resources
 from gpuslice.core.restart import Backoff
 from gpuslice.core.settings import Settings
+from gpuslice.core.waiting import first_of
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.publisher import SlicePublisher
 
@@ -235,18 +236,12 @@ class DraFrontEnd:
     async def _wait(self, seen: int, changes: int, delay: float | None) -> None:
         """Until the node changes, a step or the slice watch pokes, the registration
         changes, or `delay` passes."""
-        waits = [
-            asyncio.ensure_future(self._view.wait_changed(seen)),
-            asyncio.ensure_future(self._poked.wait()),
-            asyncio.ensure_future(self.endpoint.wait_registration(changes)),
-        ]
-        try:
-            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-            # gather, not a suppressed await of each: our own cancellation must go through
-            await asyncio.gather(*waits, return_exceptions=True)
+        await first_of(
+            self._view.wait_changed(seen),
+            self._poked.wait(),
+            self.endpoint.wait_registration(changes),
+            timeout_s=delay,
+        )
 
     async def _watch_slices(self) -> None:
         """Follow the node's slices; a change that is not our own write pokes a repair.
