@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import split_front_ends
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.front_ends import split_front_ends
 from gpuslice.core.metrics import NO_METRICS, ResourceState
 from gpuslice.core.ports import (
     ClaimDir,

@@ -30,9 +30,10 @@ import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import build_devices, dra_resources, dra_settings
+from gpuslice.core.dra.devices import build_devices, dra_settings
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
+from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
 from gpuslice.core.resources import build_resources
 from gpuslice.core.restart import Backoff, jittered
