@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from gpuslice.config.flags import explain
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.settings import check_not_truncated
 from gpuslice.config.v1 import Config
@@ -216,9 +217,9 @@ class ConfigManager(Generic[S]):
             return False
         self._metrics.config_rejected(self._selector.rejected_name(self._loaded))
         if self._choice is None:  # nothing in force yet: the caller must see it
-            self._standing.waiting(None, f"no config in force: {exc}")
+            self._standing.waiting(None, f"no config in force: {explain(exc)}")
             if not one_config:  # the config file's error ends the command
-                log.error("config_rejected_at_start", error=str(exc))
+                log.error("config_rejected_at_start", error=explain(exc))
                 await self._record(self._standing.status.detail, exc)
             raise exc
         serving = self._choice.shown

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import structlog
 
+from gpuslice.config.flags import explain
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.v1 import Config
 from gpuslice.core.errors import ConfigError, GpusliceError
@@ -118,8 +119,8 @@ class FileSelector:
         return in_force.name or in_force.source or "(defaults)"  # the file keeps its name
 
     def refusal(self, serving: str, exc: GpusliceError, cause: str) -> str:
-        log.error("config_rejected_keeping_last_good", error=str(exc))
-        return f"config rejected, keeping the last good one: {exc}"
+        log.error("config_rejected_keeping_last_good", error=explain(exc))
+        return f"config rejected, keeping the last good one: {explain(exc)}"
 
 
 class LabelSelector:
@@ -205,6 +206,6 @@ class LabelSelector:
 
     def refusal(self, serving: str, exc: GpusliceError, cause: str) -> str:
         log.warning(
-            "config_rejected_keeping_last_good", serving=serving, error=str(exc), cause=cause
+            "config_rejected_keeping_last_good", serving=serving, error=explain(exc), cause=cause
         )
-        return f"config rejected, keeping {serving}: {exc}"
+        return f"config rejected, keeping {serving}: {explain(exc)}"
