@@ -15,7 +15,6 @@ from gpuslice.adapters.deviceplugin.convert import allocation_to_pb, device_list
 from gpuslice.core.errors import InvalidRequest
 from gpuslice.core.metrics import ERROR, INVALID, NO_METRICS, OK
 from gpuslice.core.ports import Metrics, PluginHandler
-from gpuslice.core.waiting import first_of
 
 _log = structlog.get_logger()
 _T = TypeVar("_T")
@@ -107,7 +106,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         """Wait for the next generation; False once the server is stopping."""
         if self._stopping.is_set():
             return False
-        await first_of(self._handler.wait_changed(seen), self._stopping.wait())
+        changed = asyncio.ensure_future(self._handler.wait_changed(seen))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((changed, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (changed, stopping):
+                task.cancel()
+            await asyncio.gather(changed, stopping, return_exceptions=True)
         return not self._stopping.is_set()
 
     async def GetPreferredAllocation(  # noqa: N802

@@ -62,4 +62,5 @@ class KubeDraApi:
             raise BackendError(str(exc), transient=True) from None
 
     async def aclose(self) -> None:
-        await self._session.aclose(client=self._owns_client)
+        if self._owns_client:
+            await self._session.aclose()

@@ -115,7 +115,8 @@ class KubeNodeApi:
 
     async def aclose(self) -> None:
         """Close the HTTP client when this object built it."""
-        await self._session.aclose(client=self._owns_client)
+        if self._owns_client:
+            await self._session.aclose()
 
     async def node_labels(self, node: str) -> dict[str, str]:
         from gpuslice.adapters.kube.session import NotFound
