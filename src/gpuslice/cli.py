@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 
 from gpuslice import __version__
-from gpuslice.config.flags import FLAGS, GfdEnv
+from gpuslice.config.flags import FLAGS, GfdEnv, explain
 from gpuslice.core.errors import GpusliceError
 from gpuslice.entry import take_held_reload
 
@@ -29,7 +29,8 @@ def fail(error: Exception | str, code: int = 1) -> NoReturn:
     """End the command with its one error line (a JSON event under --log-format json)."""
     from gpuslice import logs
 
-    text = " ".join(str(error).split()).encode("utf-8", "backslashreplace").decode()
+    said = error if isinstance(error, str) else explain(error)  # a refused setting: its flag
+    text = " ".join(said.split()).encode("utf-8", "backslashreplace").decode()
     if not logs.json_mode() and _json_asked(sys.argv[1:]):  # failed before logs were set up
         logs.setup("error", "json")
     if logs.json_mode():

@@ -17,6 +17,7 @@ from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
+from gpuslice.core.waiting import first_of
 from gpuslice.demo_isolation import isolation_walkthrough
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
@@ -202,10 +203,8 @@ def _config_line(node: Node) -> str:
 
 async def _until(event: asyncio.Event, task: asyncio.Task[None]) -> None:
     """Wait for `event`, failing fast if the agent task ends first."""
-    waiter = asyncio.create_task(event.wait())
-    done, _ = await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        waiter.cancel()
+    await first_of(task, event.wait())
+    if task.done():
         task.result()  # raises the agent's error
         raise ConfigError("the agent stopped before serving anything")
 

@@ -12,7 +12,7 @@ import zlib
 import httpx2
 import pytest
 
-from gpuslice.adapters.kube.bounded import bound_answers
+from gpuslice.adapters.kube.bounded import BoundedTransport
 
 BODY = json.dumps({"data": "x" * 300_000}).encode()
 
@@ -20,9 +20,7 @@ BODY = json.dumps({"data": "x" * 300_000}).encode()
 def client(body: bytes, coding: str = "") -> httpx2.AsyncClient:
     headers = {"content-encoding": coding} if coding else {}
     answer = httpx2.MockTransport(lambda _: httpx2.Response(200, headers=headers, content=body))
-    http = httpx2.AsyncClient(transport=answer)
-    bound_answers(http, len(BODY))
-    return http
+    return httpx2.AsyncClient(transport=BoundedTransport(answer, len(BODY)))
 
 
 @pytest.mark.parametrize(

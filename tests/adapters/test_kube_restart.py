@@ -14,6 +14,7 @@ import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from kube_fakes import FAST_BACKOFF, NODES, FakeApiServer, Follower, Following, fake_client
 
@@ -23,6 +24,13 @@ from gpuslice.adapters.kube.watch import PROBE_CAP_S, Retry
 NS = "gpu-operator"
 CM = "gpuslice-configs"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+@pytest.fixture
+async def http(server: FakeApiServer) -> AsyncIterator[httpx2.AsyncClient]:
+    """Plain HTTP to the stand-in, past the agent's session."""
+    async with httpx2.AsyncClient(base_url=server.url, trust_env=False) as client:
+        yield client
 
 
 @pytest.fixture
@@ -45,13 +53,12 @@ def answered_410(server: FakeApiServer, path: str) -> int:
 
 
 async def test_the_standin_restarts_with_a_newer_watch_cache_and_lists_give_its_version(
-    server: FakeApiServer, api: KubeNodeApi
+    server: FakeApiServer, http: httpx2.AsyncClient
 ) -> None:
     """What the agent's fix relies on, as the real server does it."""
     old = server.put_node("n1", {"a": "1"})
     await server.restart()
     assert server.expired_below > int(old)
-    http = api._session._http
     node = (await http.get(f"{NODES}/n1")).json()
     assert node["metadata"]["resourceVersion"] == old  # an unchanged object keeps its version
     listed = (await http.get(NODES, params={"fieldSelector": "metadata.name=n1"})).json()
@@ -165,13 +172,12 @@ async def test_each_watch_asks_for_its_own_timeout_between_5_and_10_minutes(
 
 
 async def test_the_standin_ends_a_watch_after_its_timeout_scaled_for_accelerated_runs(
-    server: FakeApiServer, api: KubeNodeApi
+    server: FakeApiServer, http: httpx2.AsyncClient
 ) -> None:
     """As the real server, a watch ends cleanly after timeoutSeconds; `time_scale` makes
     that many server seconds pass in fewer real ones (the fleet bench's idle hour)."""
     server.put_node("n1")
     server.time_scale = 1000.0  # 300 s of the server's: 0.3 s
-    http = api._session._http
     query = {"watch": "true", "fieldSelector": "metadata.name=n1", "timeoutSeconds": "300"}
     async with asyncio.timeout(5):
         answer = await http.get(NODES, params=query)

@@ -108,3 +108,12 @@ async def test_a_broken_slice_watch_is_opened_again(root: str, tmp_path: Path) -
         assert rig.api.answered(200)
         rig.api.dra.delete_slice(NAME)
         await rig.published(lambda d: len(d) == 8)
+
+
+async def test_publish_and_watch_retries_are_jittered(root: str, tmp_path: Path) -> None:
+    """Every node of a cluster retries after an API outage: the waits are spread by up to
+    a fifth of the backoff either way, drawn anew each time."""
+    async with dra_rig(root, tmp_path) as rig:
+        delays = {rig.frontend.retry_delay(3) for _ in range(50)}
+    assert len(delays) > 40
+    assert all(1.6 <= d <= 2.4 for d in delays)  # the third backoff, 2 s, give or take 20 %

@@ -30,6 +30,7 @@ from gpuslice.config.checks import (
 from gpuslice.config.decode import config_error
 from gpuslice.config.v1 import Config
 from gpuslice.core.dra.devices import driver_name_problem
+from gpuslice.core.errors import SettingError
 from gpuslice.core.response import LIST_STRATEGIES
 from gpuslice.core.selection import DEFAULT_FALLBACKS, DEFAULT_LABEL
 from gpuslice.core.selection import FALLBACKS as SELECTION_FALLBACKS
@@ -534,3 +535,19 @@ def _put(config: Config, attrs: tuple[str, ...], value: FlagValue, origin: str) 
     except FieldError as exc:
         raise config_error(origin, "", f"got {show(exc.value)}; expected {exc.expected}") from None
     return result
+
+
+# The core's settings that come from a flag: the core's errors name the parameter, and a
+# message to the user names the flag.
+SETTING_FLAGS = {
+    "pinned_limit_mib": "--mps-pinned-memory-limit",
+    "namespace": "--namespace",  # `gpuslice admission`
+    "name": "--name",  # `gpuslice admission`
+}
+
+
+def explain(error: BaseException) -> str:
+    """`error`'s one-line message, naming the flag a refused setting came from."""
+    if isinstance(error, SettingError) and error.setting in SETTING_FLAGS:
+        return error.named(SETTING_FLAGS[error.setting])
+    return str(error)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice.core.errors import ConfigError
+from gpuslice.core.errors import ConfigSettingError
 from gpuslice.core.resources import servable_name
 from gpuslice.core.sharing import NONE, ResourceSettings
 
@@ -176,19 +176,23 @@ _MAX_NAME, _MAX_NAMESPACE = 253, 63
 
 
 def check_names(name: str, namespace: str) -> None:
-    """ConfigError (one line naming the option) unless the API server accepts every object
+    """ConfigSettingError (one line naming the setting) unless the API server accepts every object
     name made from `name` (its suffixes included) and `namespace`."""
     if len(namespace) > _MAX_NAMESPACE or not _NAMESPACE.fullmatch(namespace):
-        raise ConfigError(
-            f"--namespace: {namespace!r} is not a namespace name: lowercase letters, digits "
-            f"and '-', starting and ending with a letter or digit, at most {_MAX_NAMESPACE}"
+        raise ConfigSettingError(
+            "namespace",
+            "the namespace",
+            f"{namespace!r} is not a namespace name: lowercase letters, digits and '-', "
+            f"starting and ending with a letter or digit, at most {_MAX_NAMESPACE}",
         )
     longest = max(len(n) for n in object_names(name).values()) - len(name)
     if len(name) > _MAX_NAME - longest or not _SUBDOMAIN.fullmatch(name):
-        raise ConfigError(
-            f"--name: {name!r} cannot prefix object names: lowercase letters, digits, '-' and "
-            "'.', each dot-separated part starting and ending with a letter or digit, at most "
-            f"{_MAX_NAME - longest} characters (the longest name adds {longest})"
+        raise ConfigSettingError(
+            "name",
+            "the name",
+            f"{name!r} cannot prefix object names: lowercase letters, digits, '-' and '.', "
+            "each dot-separated part starting and ending with a letter or digit, at most "
+            f"{_MAX_NAME - longest} characters (the longest name adds {longest})",
         )
 
 

@@ -23,3 +23,25 @@ class BackendError(GpusliceError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class SettingError(GpusliceError):
+    """A value of one setting the core refuses. The core names the setting by the
+    parameter it came in (`setting`), in words for str(); the command line names its flag
+    instead (`named`, through config.flags.explain)."""
+
+    def __init__(self, setting: str, words: str, problem: str, *, sep: str = ": ") -> None:
+        super().__init__(f"{words}{sep}{problem}")
+        self.setting, self.problem, self.sep = setting, problem, sep
+
+    def named(self, name: str) -> str:
+        """The message with `name` (a flag) for the setting."""
+        return f"{name}{self.sep}{self.problem}"
+
+
+class ConfigSettingError(SettingError, ConfigError):
+    """A setting's value that is invalid on its own."""
+
+
+class HardwareSettingError(SettingError, HardwareError):
+    """A setting's value this node's hardware cannot serve."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot
-from gpuslice.core.errors import HardwareError
+from gpuslice.core.errors import HardwareError, HardwareSettingError
 from gpuslice.core.resources import Resource, build_resources
 from gpuslice.core.sharing import MPS, ResourceSettings
 
@@ -101,9 +101,12 @@ def plan_daemons(
                     f"{gpu.compute_capability[1]}); MPS allows at most {cap} clients per GPU"
                 )
             if pinned_limit_mib > gpu.memory_mib:
-                raise HardwareError(
-                    f"--mps-pinned-memory-limit {pinned_limit_mib} (MiB) for {res.name} is "
-                    f"more than GPU {gpu.index} ({gpu.name}) has: {gpu.memory_mib} MiB"
+                raise HardwareSettingError(
+                    "pinned_limit_mib",
+                    "the MPS pinned memory limit",
+                    f"{pinned_limit_mib} (MiB) for {res.name} is more than GPU {gpu.index} "
+                    f"({gpu.name}) has: {gpu.memory_mib} MiB",
+                    sep=" ",
                 )
         replicas = max(res.devices_per_gpu.values())  # one count per resource (config rule)
         plans.append(

@@ -10,7 +10,17 @@ a new run, as upstream counts them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+# Retries many nodes make at once (after an API outage, a config change seen everywhere)
+# are spread by up to this much either way, so they do not stay in step.
+JITTER = 0.2
+
+
+def jittered(seconds: float, draw: Callable[[float, float], float]) -> float:
+    """`seconds` give or take up to JITTER of it; `draw` is random.uniform's shape."""
+    return seconds * draw(1.0 - JITTER, 1.0 + JITTER)
 
 
 @dataclass(frozen=True)

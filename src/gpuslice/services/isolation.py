@@ -44,6 +44,7 @@ from gpuslice.core.resources import Resource
 from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import MPS
 from gpuslice.core.usage import CheckpointEntry
+from gpuslice.core.waiting import first_of
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.isolation")
@@ -190,7 +191,7 @@ class Isolation:
                 while not stop.is_set():
                     self._wake.clear()
                     await self.converge()
-                    await _first(stop, self._wake, self.resync_s)
+                    await first_of(stop.wait(), self._wake.wait(), timeout_s=self.resync_s)
                 for task in followers:
                     task.cancel()
 
@@ -344,10 +345,3 @@ def limit_problem(backend: GpuBackend) -> str:
 def _limits_of(backend: GpuBackend) -> MemoryLimits | None:
     """The backend's MemoryLimits side; None for one without it."""
     return cast(MemoryLimits, backend) if hasattr(backend, "set_memory_limit") else None
-
-
-async def _first(stop: asyncio.Event, wake: asyncio.Event, timeout_s: float) -> None:
-    waiters = {asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())}
-    _, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when="FIRST_COMPLETED")
-    for task in pending | waiters:
-        task.cancel()

@@ -32,8 +32,9 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.labels import TIMESTAMP_LABEL, label_node, with_timestamp
 from gpuslice.core.ports import LabelSink
-from gpuslice.core.restart import Backoff
+from gpuslice.core.restart import Backoff, jittered
 from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.waiting import first_of
 
 log = structlog.get_logger("gpuslice.labeller")
 
@@ -230,7 +231,7 @@ class Labeller:
 
     def jittered(self, seconds: float) -> float:
         """`seconds` give or take up to 20 %, drawn anew for each wait."""
-        return seconds * self._rand.uniform(0.8, 1.2)
+        return jittered(seconds, self._rand.uniform)
 
     async def _back_off(self, stop: asyncio.Event, seconds: float) -> None:
         """After a failure: until `stop`, `seconds`, or a nudge that changes the labels
@@ -256,12 +257,7 @@ class Labeller:
 
     async def _sleep(self, stop: asyncio.Event, seconds: float | None) -> None:
         """Until `stop`, a nudge or `seconds` (None: no limit)."""
-        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._nudged.wait())}
-        try:
-            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await first_of(stop.wait(), self._nudged.wait(), timeout_s=seconds)
 
     async def _remove(self, sink: LabelSink) -> None:
         try:

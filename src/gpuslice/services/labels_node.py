@@ -21,6 +21,7 @@ from gpuslice.core.errors import GpusliceError
 from gpuslice.core.mps import plan_serving
 from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.waiting import first_of
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.labeller import Labeller, snapshot_labels
 from gpuslice.services.node import Apply, LabelOptions
@@ -98,9 +99,7 @@ class LabelsNode:
     async def _following(self, done: asyncio.Event) -> AsyncIterator[None]:
         """The config manager (the config file's first read) while the block runs."""
         task = asyncio.create_task(self.manager.run(done))
-        waiter = asyncio.create_task(self.manager.ready.wait())
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
+        await first_of(task, self.manager.ready.wait())
         if task.done():
             task.result()  # raises the first read's error
         try:

@@ -50,6 +50,10 @@ POLL_S = 5.0  # how often a retiring daemon's clients are counted
 QUIT_WAIT_S = 10.0  # how long a quit daemon without clients is given to exit
 
 
+# A daemon's own state: an old daemon's clients to leave before it starts.
+WAITING = State("waiting")
+
+
 class MustWait(Exception):  # noqa: N818 - reads as what it means
     """The daemon there has clients and cannot stay: its new one waits for them."""
 
@@ -187,7 +191,7 @@ class _Supervisor(Supervisor):
             await self._restart()  # take_down only stops the watch: start() looks again
 
     async def _handle_more(self, event: object) -> None:
-        if isinstance(event, TimerDue) and self.state is State.WAITING:
+        if isinstance(event, TimerDue) and self.state is WAITING:
             await self._bring_up()
 
     async def _start_failed(self, exc: Exception) -> bool:
@@ -202,7 +206,7 @@ class _Supervisor(Supervisor):
             self._owner.notify_later(why)  # one Event per wait for clients
             self._notified = True
         self.waiting = why
-        self._set(State.WAITING)
+        self._set(WAITING)
         await self._timer(self._owner.poll_s)
         return True
 
@@ -214,7 +218,7 @@ class _Supervisor(Supervisor):
             self._set(State.RUNNING)
 
     def _set(self, state: State) -> None:
-        if state not in (State.WAITING, State.STARTING):
+        if state not in (WAITING, State.STARTING):
             self.waiting, self._notified = None, False
         super()._set(state)
 

@@ -15,18 +15,18 @@ restart budget and backoffs are core.restart's rules; the clock and sleep come i
 Timing, so tests bring their own.
 
 A target is anything with start / down / wait_down / stop (`Supervised`). A subclass
-(frontends.deviceplugin.supervisor: registration with the kubelet) adds states and
-events by overriding `_after_start`, `_start_failed` and `_handle_more`.
+(frontends.deviceplugin.supervisor: registration with the kubelet) adds states (its own
+subclass of State) and events by overriding `_after_start`, `_start_failed` and
+`_handle_more`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import structlog
 
@@ -55,21 +55,32 @@ class Supervised(Protocol):
         ...
 
 
-class State(enum.Enum):
-    NEW = "new"
-    STARTING = "starting"
-    RUNNING = "running"  # up, for a target with nothing to do after its start
-    REGISTERING = "registering"  # a plugin server: serving, a Register call in flight
-    SERVING = "serving"  # a plugin server: serving, not registered, a Register retry due
-    REGISTERED = "registered"
-    BLOCKED = "blocked"  # a plugin server: another plugin serves our socket path
-    WAITING = "waiting"  # an MPS daemon: an old daemon's clients to leave before it starts
-    BACKING_OFF = "backing_off"  # it failed: started again after a backoff
-    STOPPED = "stopped"
-    FAILED = "failed"  # the restart budget is spent
+class State:
+    """One state of a supervisor: its name (`value`), and whether the target serves in it.
+    The base machine's states are this class's; a subclass's own states are its own
+    (a subclass of State with more of them), so the base names none of them."""
+
+    __slots__ = ("up", "value")
+    NEW: ClassVar[State]
+    STARTING: ClassVar[State]
+    RUNNING: ClassVar[State]  # up, for a target with nothing to do after its start
+    BACKING_OFF: ClassVar[State]  # it failed: started again after a backoff
+    STOPPED: ClassVar[State]
+    FAILED: ClassVar[State]  # the restart budget is spent
+
+    def __init__(self, value: str, *, up: bool = False) -> None:
+        self.value, self.up = value, up
+
+    def __repr__(self) -> str:
+        return f"<State {self.value}>"
 
 
-UP = frozenset({State.RUNNING, State.REGISTERING, State.SERVING, State.REGISTERED})
+State.NEW = State("new")
+State.STARTING = State("starting")
+State.RUNNING = State("running", up=True)
+State.BACKING_OFF = State("backing_off")
+State.STOPPED = State("stopped")
+State.FAILED = State("failed")
 
 
 @dataclass(frozen=True)
@@ -191,7 +202,7 @@ class Supervisor:
             if state is State.NEW:
                 await self._bring_up()
         elif isinstance(event, ServerDown):
-            if event.incarnation == self._incarnation and state in UP:
+            if event.incarnation == self._incarnation and state.up:
                 await self._fail(await self._take_down() or event.reason)
         elif isinstance(event, TimerDue) and event.step != self._step:
             return  # superseded
@@ -263,7 +274,7 @@ class Supervisor:
 
     async def _take_down(self) -> str | None:
         """Stop the target; returns why, when it had gone down on its own."""
-        was_up = self.state in UP
+        was_up = self.state.up
         await self._cancel_step()
         watch, self._watch = self._watch, None
         await _cancelled(watch)

@@ -3,7 +3,14 @@ counted as upstream counts it (a run of failures each within the window)."""
 
 from __future__ import annotations
 
-from gpuslice.core.restart import REGISTER_RETRY, Backoff, FailureRun, RestartBudget, after_failure
+from gpuslice.core.restart import (
+    REGISTER_RETRY,
+    Backoff,
+    FailureRun,
+    RestartBudget,
+    after_failure,
+    jittered,
+)
 
 
 def test_a_backoff_doubles_from_its_first_delay_up_to_its_cap() -> None:
@@ -34,3 +41,8 @@ def test_a_failure_more_than_a_window_after_the_last_starts_a_new_run() -> None:
 
 def test_the_budget_describes_itself_for_the_one_line_error() -> None:
     assert RestartBudget().describe() == "at most 5 restarts, each within 3600s of the last"
+
+
+def test_a_jittered_wait_is_spread_by_a_fifth_either_way() -> None:
+    assert jittered(10.0, min) == 8.0
+    assert jittered(10.0, max) == 12.0

@@ -17,19 +17,21 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.config.convert import resource_settings
-from gpuslice.config.loader import LoadedConfig
+from gpuslice.config.loader import LoadedConfig, load_config_file
 from gpuslice.core.errors import ConfigError, GpusliceError, HardwareError
+from gpuslice.core.metrics import NoMetrics
 from gpuslice.core.ports import DirEvents, DirWatch
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.config_manager import ConfigManager, ConfigStatus
-from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries
+from gpuslice.services.config_manager import ConfigManager, ConfigStatus, NoCluster
+from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, FileEntries
 from gpuslice.testing.nodeapi import MemoryNodeApi
 
 NODE = "gpu-node-7"
@@ -850,3 +852,35 @@ async def test_a_bad_shared_entry_is_one_report_for_the_cluster_not_an_event_per
         await settled(managers[0], seen0)
         assert "this node cannot" in await nodes[0].next_event()
         assert len(api.config_map_events) == 1
+
+
+class Rejections(NoMetrics):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def config_rejected(self, name: str) -> None:
+        self.names.append(name)
+
+
+async def test_the_config_file_is_applied_on_each_reload_and_a_refusal_counts_against_it(
+    tmp_path: Path, applier: Applier
+) -> None:
+    """The file selector: nothing chosen, every reload applies again (the hardware is read
+    again too), and a refused read is counted against the file that stays in force."""
+    path = tmp_path / "config.yaml"
+    path.write_text(timeslicing(2))
+    entries = FileEntries(str(path), lambda: load_config_file(str(path)))
+    metrics = Rejections()
+    manager = ConfigManager(
+        NoCluster(), NODE, entries, to_settings, applier, label=None, metrics=metrics
+    )
+    async with running(manager) as task:
+        await started(manager, task)
+        assert await manager.reload()
+        assert [a.replicas for a in applier.applied] == [2, 2]
+        path.write_text(BROKEN)
+        assert not await manager.reload()
+    assert metrics.names == [str(path)]
+    assert manager.rejected is not None
+    assert manager.rejected.startswith("config rejected, keeping the last good one: ")
+    assert manager.one_config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuslice.adapters.kubelet._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice.adapters.kubelet._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpuslice.adapters.kubelet_socket import unix_target
 
 API_VERSION = "v1beta1"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -19,9 +20,5 @@ __all__ = [
     "UNHEALTHY",
     "pb",
     "pb_grpc",
+    "unix_target",
 ]
-
-
-def unix_target(path: str) -> str:
-    """The gRPC address of a unix socket path."""
-    return f"unix://{path}"

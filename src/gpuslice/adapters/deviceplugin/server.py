@@ -1,34 +1,36 @@
 """One device-plugin gRPC server: a unix socket in the device-plugin directory.
 
-Requests are capped at MAX_REQUEST_BYTES, the kubelet's own limit on what it
-receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
+Requests are capped at adapters.kubelet_socket.MAX_REQUEST_BYTES, the kubelet's own limit
+on what it receives from us: a larger one is refused with RESOURCE_EXHAUSTED before it
 reaches the servicer. A server that stops without stop() being called (the gRPC
 server ended under us) is reported through wait_down(). A socket file another live
 device plugin serves (one that answers the API: adapters.deviceplugin.liveness) is never
 replaced: start() raises SocketTaken. Anything else there (a stale file, a socket that
 accepts and does not speak the API) is replaced.
 
-gRPC binds under a private name beside it, and the socket is then renamed into place:
-gRPC unlinks the path it bound when it stops, which would otherwise remove whatever file
-then has the public name (another process's socket). stop() removes the public file only
-while it is still the one we bound.
+The socket is bound and renamed into place (adapters.kubelet_socket.serve_renamed). stop()
+removes the public file only while it is still the one we bound.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import os
 
 import grpc
 import structlog
 
-from gpuslice.adapters.deviceplugin.api import pb_grpc, unix_target
+from gpuslice.adapters.deviceplugin.api import pb_grpc
 from gpuslice.adapters.deviceplugin.liveness import serves_device_plugin
 from gpuslice.adapters.deviceplugin.registration import register
 from gpuslice.adapters.deviceplugin.servicer import DevicePluginServicer
 from gpuslice.adapters.fswatch import FileId, file_id
+from gpuslice.adapters.kubelet_socket import (
+    MAX_REQUEST_BYTES,
+    SERVER_OPTIONS,
+    serve_renamed,
+    unlink,
+)
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginHandler, SocketTaken
@@ -37,11 +39,7 @@ from gpuslice.core.resources import socket_name as default_socket_name
 _log = structlog.get_logger()
 
 
-# gRPC's default receive limit, which the kubelet's device-plugin client keeps too: no
-# device list the kubelet can take in, hence no request built from one, is larger.
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
-SERVER_OPTIONS = (("grpc.max_receive_message_length", MAX_REQUEST_BYTES),)
-_BINDS = itertools.count()
+__all__ = ["MAX_REQUEST_BYTES", "DevicePluginServer", "ServerError"]
 
 
 class ServerError(GpusliceError):
@@ -143,7 +141,7 @@ class DevicePluginServer:
         kubelet's) go on, and a successor can bind the path. stop() ends the rest."""
         if self._bound is not None and file_id(self.socket_path) == self._bound:
             try:
-                _unlink(self.socket_path)
+                unlink(self.socket_path)
             except OSError as exc:
                 _log.warning("plugin_socket_not_removed", socket=self.socket_path, error=str(exc))
         self._bound = None
@@ -182,21 +180,6 @@ class DevicePluginServer:
         _log.info("plugin_stopped", resource=self.resource_name, socket=self.socket_path)
 
 
-async def serve_renamed(server: grpc.aio.Server, path: str) -> None:
-    """Start `server` on the unix socket `path`: bound under a private name beside it,
-    then renamed into place (the module doc says why). Raises OSError or RuntimeError,
-    with the server stopped."""
-    private = os.path.join(os.path.dirname(path), f".gs{os.getpid()}-{next(_BINDS)}")
-    try:
-        _unlink(private)  # left by a process of ours with this PID that was killed
-        server.add_insecure_port(unix_target(private))
-        await server.start()
-        os.rename(private, path)  # atomic: a stale file is replaced
-    except (OSError, RuntimeError):
-        await server.stop(None)
-        raise
-
-
 def _shutting_down(server: grpc.aio.Server) -> bool:
     """True when gRPC has begun shutting `server` down. grpc.aio has no public way to
     ask; its core server's is_running() answers (False, unknown, when it is absent).
@@ -205,8 +188,3 @@ def _shutting_down(server: grpc.aio.Server) -> bool:
     core = getattr(server, "_server", None)
     is_running = getattr(core, "is_running", None)
     return callable(is_running) and not is_running()
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)

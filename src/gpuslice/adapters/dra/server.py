@@ -8,10 +8,10 @@ there, in the kubelet's order of preference ("v1.DRAPlugin", "v1beta1.DRAPlugin"
 service socket (<plugins>/<driver>/dra.sock) serves DRAPlugin v1 and v1beta1 (the same
 messages in two packages) and DRAResourceHealth, whose stream sends the complete device
 list at once and after every change. Requests are capped as the device-plugin server's
-are, and a request naming more than MAX_CLAIMS claims is refused. A socket another live
-plugin serves (it answers GetInfo, or Prepare on the service socket) is left alone; ours
-are bound and renamed into place as the device-plugin server's are, so stopping never
-removes another process's socket.
+are (adapters.kubelet_socket), and a request naming more than MAX_CLAIMS claims is
+refused. A socket another live plugin serves (it answers GetInfo, or Prepare on the
+service socket) is left alone; ours are bound and renamed into place as the device-plugin
+server's are, so stopping never removes another process's socket.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from typing import Any
 import grpc
 import structlog
 
-from gpuslice.adapters.deviceplugin.liveness import answers
-from gpuslice.adapters.deviceplugin.server import SERVER_OPTIONS, _unlink, serve_renamed
 from gpuslice.adapters.deviceplugin.servicer import clip
 from gpuslice.adapters.fswatch import FileId, file_id
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
@@ -37,9 +35,11 @@ from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2 as hpb
 from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2_grpc as hpb_grpc
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpuslice.adapters.kubelet_socket import SERVER_OPTIONS, answers, serve_renamed, unlink
 from gpuslice.core.dra.claims import ClaimRef
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import DraHandler, SocketTaken
+from gpuslice.core.waiting import first_of
 
 _log = structlog.get_logger()
 _Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -142,13 +142,7 @@ class _Health(hpb_grpc.DRAResourceHealthServicer):
                     for h in self._handler.health()
                 ]
             )
-            changed = asyncio.ensure_future(self._handler.wait_health_changed(seen))
-            stop = asyncio.ensure_future(self._stopping.wait())
-            try:
-                await asyncio.wait({changed, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (changed, stop):
-                    task.cancel()
+            await first_of(self._handler.wait_health_changed(seen), self._stopping.wait())
 
 
 async def _refs(request: Any, context: _Ctx) -> list[ClaimRef]:
@@ -271,7 +265,7 @@ class DraServer:
         for path, fid in self._bound.items():
             if fid is not None and file_id(path) == fid:
                 with contextlib.suppress(OSError):
-                    _unlink(path)
+                    unlink(path)
         self._bound = {}
         if self._registered:
             await self._count_change()

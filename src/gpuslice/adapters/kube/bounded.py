@@ -1,7 +1,8 @@
 """API answers read with a bound: a read's body (not a watch's: its lines are bounded
 one by one in session._lines) may hold at most MAX_ANSWER_BYTES once decoded.
 
-The bound sits in the HTTP transport under lightkube, so every read is covered. gzip and
+The bound sits in the HTTP transport every client is built with (bounded_transport: the
+lightkube client's and the session's own, for watches), so every read is covered. gzip and
 deflate bodies are inflated here, in steps that never produce more than the bytes left,
 so a small compressed answer cannot grow past the bound either; any other content
 coding is refused. An answer over the bound, or one that does not inflate, fails as
@@ -10,10 +11,15 @@ httpx2.DecodingError, which the session turns into a one-line transient error.
 
 from __future__ import annotations
 
+import urllib.parse
+import urllib.request
 import zlib
 from collections.abc import AsyncIterator
 
 import httpx2
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.config.models import User
 
 # A Node with many images is some hundreds of KiB, a ConfigMap at most 1 MiB: 16 MiB is
 # far above any answer the agent asks for, and far below what would hurt the node.
@@ -77,9 +83,21 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-def bound_answers(client: httpx2.AsyncClient, limit: int = MAX_ANSWER_BYTES) -> None:
-    """Put the bound under every transport of `client` (its own and any proxy's)."""
-    client._transport = BoundedTransport(client._transport, limit)
-    for pattern, transport in client._mounts.items():
-        if transport is not None:
-            client._mounts[pattern] = BoundedTransport(transport, limit)
+def bounded_transport(config: SingleConfig, limit: int = MAX_ANSWER_BYTES) -> BoundedTransport:
+    """The transport every client of the session is built with: TLS as the kubeconfig
+    says (lightkube's own verification), the environment's proxy for the API server (as
+    httpx2 would choose it), and the bound on answers."""
+    user = config.user or User()
+    verify = verify_cluster(config.cluster, user, config.abs_file)
+    inner = httpx2.AsyncHTTPTransport(verify=verify, proxy=_env_proxy(str(config.cluster.server)))
+    return BoundedTransport(inner, limit)
+
+
+def _env_proxy(server: str) -> str | None:
+    """The proxy $HTTPS_PROXY, $HTTP_PROXY or $ALL_PROXY names for `server`, unless
+    $NO_PROXY exempts it."""
+    url = urllib.parse.urlsplit(server)
+    if urllib.request.proxy_bypass(url.hostname or ""):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    return proxies.get(url.scheme) or proxies.get("all") or None

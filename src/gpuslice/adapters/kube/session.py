@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -19,6 +20,9 @@ import httpx2
 import msgspec
 import yaml
 from lightkube import AsyncClient, KubeConfig
+from lightkube.config.client_adapter import user_auth, verify_cluster
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.config.models import User
 from lightkube.core.exceptions import ApiError
 from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
@@ -28,7 +32,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.types import PatchType
 
 from gpuslice.adapters.kube import objects
-from gpuslice.adapters.kube.bounded import bound_answers
+from gpuslice.adapters.kube.bounded import BoundedTransport, bounded_transport
 from gpuslice.adapters.kube.watch import (
     OPENED,
     WATCH_TIMEOUT_S,
@@ -73,7 +77,10 @@ def make_client(kubeconfig: str | None) -> AsyncClient:
     )
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-        return AsyncClient(config=config, field_manager=objects.COMPONENT)
+        single = config.get()
+        if single is None:
+            raise KubeConfigError("no current context")
+        return KubeClient(single)
     except (
         KubeConfigError,
         KeyError,
@@ -86,6 +93,30 @@ def make_client(kubeconfig: str | None) -> AsyncClient:
     ) as exc:
         why = f"no {exc} entry" if isinstance(exc, KeyError) else _one_line(exc)
         raise BackendError(f"{source}: not a usable kubeconfig: {why}") from exc
+
+
+class KubeClient(AsyncClient):
+    """lightkube's client built with the bounded transport (adapters.kube.bounded), and an
+    httpx2 client over the same transport, `http`, for what lightkube cannot ask (watches
+    with bookmarks, reviews); closing it closes both."""
+
+    def __init__(self, config: SingleConfig) -> None:
+        transport = bounded_transport(config)
+        super().__init__(config=config, field_manager=objects.COMPONENT, transport=transport)
+        self.http = _http_client(config, transport)
+
+    async def close(self) -> None:
+        await super().close()
+        await self.http.aclose()
+
+
+def _http_client(config: SingleConfig, transport: httpx2.AsyncBaseTransport) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(
+        base_url=config.cluster.server,
+        auth=user_auth(config.user),
+        timeout=httpx2.Timeout(10.0),
+        transport=transport,
+    )
 
 
 class ApiSession:
@@ -102,9 +133,10 @@ class ApiSession:
         self._watch_timeout_s = watch_timeout_s
         self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         # lightkube's public watch() cannot ask for bookmarks, so the watch goes through
-        # the client's own httpx2 client (base URL, TLS and auth already set up).
-        self._http: httpx2.AsyncClient = client._client._client
-        bound_answers(self._http)
+        # an httpx2 client: the KubeClient's own, else one per use (a client built by the
+        # caller: no environment proxies, as those built for tests ask).
+        self._http = client.http if isinstance(client, KubeClient) else None
+        self._ssl: ssl.SSLContext | None = None  # for the clients made per use
         self.server = str(client.config.cluster.server)
 
     async def read_node(self, node: str) -> tuple[NodeState, str | None]:
@@ -172,7 +204,10 @@ class ApiSession:
         # The server ends the watch after timeoutSeconds; longer silence means a dead link.
         timeout = httpx2.Timeout(10.0, read=seconds + 30.0)
         try:
-            async with self._http.stream("GET", path, params=params, timeout=timeout) as resp:
+            async with (
+                self._http_client() as http,
+                http.stream("GET", path, params=params, timeout=timeout) as resp,
+            ):
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _watch_failure(resp.status_code, _status_message(resp.content))
@@ -354,7 +389,8 @@ class ApiSession:
         self, path: str, body: dict[str, Any], what: str, timeout_s: float, kind: type[R]
     ) -> R:
         with self._errors(what):
-            resp = await self._http.post(path, json=body, timeout=httpx2.Timeout(timeout_s))
+            async with self._http_client() as http:
+                resp = await http.post(path, json=body, timeout=httpx2.Timeout(timeout_s))
             if resp.status_code != 201 and resp.status_code != 200:
                 message = _status_message(resp.content)
                 text = f"{what}: HTTP {resp.status_code}: {_one_line(message)}"
@@ -363,6 +399,21 @@ class ApiSession:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+    @contextlib.asynccontextmanager
+    async def _http_client(self) -> AsyncIterator[httpx2.AsyncClient]:
+        if self._http is not None:
+            yield self._http
+            return
+        config = self._client.config
+        inner = httpx2.AsyncHTTPTransport(verify=self._verify(config))
+        async with _http_client(config, BoundedTransport(inner)) as http:
+            yield http
+
+    def _verify(self, config: SingleConfig) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = verify_cluster(config.cluster, config.user or User(), config.abs_file)
+        return self._ssl
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -35,7 +35,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from gpuslice.core.errors import BackendError
-from gpuslice.core.restart import Backoff
+from gpuslice.core.restart import Backoff, jittered
 
 _log = structlog.get_logger()
 
@@ -112,7 +112,7 @@ class Retry:
     def next_delay(self, *, unreachable: bool = False) -> float:
         self.failures += 1
         schedule = self.probe if unreachable else self.schedule
-        return schedule.delay(self.failures) * self._rand.uniform(0.8, 1.2)
+        return jittered(schedule.delay(self.failures), self._rand.uniform)
 
     async def wait(self, *, unreachable: bool = False) -> None:
         await asyncio.sleep(self.next_delay(unreachable=unreachable))

@@ -11,10 +11,11 @@ selectors written for its driver port by changing only the domain.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
+from gpuslice.core.front_ends import dra_resources as dra_resources  # inspect imports it here
 from gpuslice.core.resources import Resource
 from gpuslice.core.sharing import MIG_MIXED, MPS, NONE, TIME_SLICING, ResourceSettings
 
@@ -76,29 +77,11 @@ def driver_name_problem(name: str) -> str:
     return ""
 
 
-def split_front_ends(
-    resources: Iterable[Resource], device_plugin: Collection[str] | None
-) -> tuple[list[Resource], list[Resource]]:
-    """(the device plugin's, DRA's). With DRA off (`device_plugin` None) every resource is
-    the device plugin's; with it on, those named in `device_plugin` stay there and DRA
-    serves the others: per node, one front-end serves each extended-resource name."""
-    listed = list(resources)
-    if device_plugin is None:
-        return listed, []
-    kept = [r for r in listed if r.name in device_plugin]
-    return kept, [r for r in listed if r.name not in device_plugin]
-
-
 def dra_settings(settings: ResourceSettings, opts: DraOptions) -> ResourceSettings:
     """The resource settings DRA builds its devices from: the node's, with the mixed MIG
     strategy unless `opts.mig_devices` is off (a MIG-enabled GPU is its MIG devices,
     every other GPU itself, as NVIDIA's DRA driver publishes them)."""
     return replace(settings, mig_strategy=MIG_MIXED) if opts.mig_devices else settings
-
-
-def dra_resources(resources: Iterable[Resource], device_plugin: Collection[str]) -> list[Resource]:
-    """The resources DRA serves: all but those kept on the device-plugin API."""
-    return split_front_ends(resources, device_plugin)[1]
 
 
 def gpu_name(gpu: Gpu) -> str:

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import split_front_ends
 from gpuslice.core.errors import GpusliceError
+from gpuslice.core.front_ends import split_front_ends
 from gpuslice.core.metrics import NO_METRICS, ResourceState
 from gpuslice.core.ports import (
     ClaimDir,
@@ -35,7 +35,7 @@ from gpuslice.core.settings import Settings
 from gpuslice.core.topology import Topology
 from gpuslice.frontends.deviceplugin.kubelet_watch import follow_kubelet
 from gpuslice.frontends.deviceplugin.manager import EndpointFactory, PluginManager
-from gpuslice.frontends.deviceplugin.supervisor_events import State
+from gpuslice.services.supervision import State
 
 log = structlog.get_logger("gpuslice.agent")
 

@@ -31,13 +31,13 @@ from gpuslice.core.topology import Topology
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
 from gpuslice.frontends.deviceplugin.supervisor import Supervisor
 from gpuslice.frontends.deviceplugin.supervisor_events import (
-    UP,
     Counters,
     KubeletRestarted,
     SocketDeleted,
     State,
     Timing,
 )
+from gpuslice.services import supervision
 
 log = structlog.get_logger("gpuslice.plugins")
 
@@ -88,7 +88,7 @@ class PluginManager:
     def registered(self) -> dict[str, bool]:
         return {n: s.state is State.REGISTERED for n, s in self._supervisors.items()}
 
-    def states(self) -> dict[str, State]:
+    def states(self) -> dict[str, supervision.State]:
         return {n: s.state for n, s in self._supervisors.items()}
 
     async def apply(
@@ -151,14 +151,14 @@ class PluginManager:
     async def listed(self) -> None:
         """Return once the kubelet reads every registered resource's list from us."""
         await asyncio.gather(
-            *(s.endpoint.wait_listed() for s in self._supervisors.values() if s.state in UP)
+            *(s.endpoint.wait_listed() for s in self._supervisors.values() if s.state.up)
         )
 
     def release_sockets(self) -> None:
         """Remove every served socket file, still serving the kubelet's connections, for
         a successor to serve the same paths (adapters.deviceplugin.handover)."""
         for supervisor in self._supervisors.values():
-            if supervisor.state in UP:
+            if supervisor.state.up:
                 supervisor.endpoint.release_socket()
 
     async def stop(self) -> None:

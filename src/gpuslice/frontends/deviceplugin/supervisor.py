@@ -25,7 +25,6 @@ from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics, PluginEndpoint, SocketTaken
 from gpuslice.core.restart import REGISTER_RETRY, RestartBudget
 from gpuslice.frontends.deviceplugin.supervisor_events import (
-    UP,
     Counters,
     KubeletRestarted,
     OnFailed,
@@ -72,13 +71,13 @@ class Supervisor(supervision.Supervisor):
         if isinstance(event, KubeletRestarted):
             if state in (State.REGISTERING, State.REGISTERED) and self.endpoint.current():
                 log.info("registration_current", resource=self.name)
-            elif state in UP or state is State.BLOCKED:
+            elif state.up or state is State.BLOCKED:
                 await self._restart()
             # BACKING_OFF: the restart after the backoff registers with that kubelet
         elif isinstance(event, SocketDeleted):
-            if state in UP and self.endpoint.socket_present():
+            if state.up and self.endpoint.socket_present():
                 return  # an older socket file of ours: ours is in place
-            if state in UP or state is State.BLOCKED:
+            if state.up or state is State.BLOCKED:
                 await self._restart()
         elif isinstance(event, StreamDropped):
             # The kubelet serving now dropped us (an older stream of the resource ended
@@ -106,7 +105,7 @@ class Supervisor(supervision.Supervisor):
         elif isinstance(event, TimerDue) and state is State.BLOCKED:
             await self._bring_up()
 
-    def _settles(self, state: State) -> bool:
+    def _settles(self, state: supervision.State) -> bool:
         return state not in (State.STARTING, State.REGISTERING)
 
     async def _start_failed(self, exc: Exception) -> bool:

@@ -5,20 +5,19 @@ services.supervision, plus the kubelet's), and what it shares with the plugin ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from gpuslice.services import supervision
 from gpuslice.services.supervision import (
-    UP,
     OnFailed,
     ServerDown,
     Start,
-    State,
     Stop,
     TimerDue,
     Timing,
 )
 
 __all__ = [
-    "UP",
     "Counters",
     "Event",
     "KubeletRestarted",
@@ -34,6 +33,22 @@ __all__ = [
     "TimerDue",
     "Timing",
 ]
+
+
+class State(supervision.State):
+    """The base states, and a plugin server's own between its start and registration."""
+
+    __slots__ = ()
+    REGISTERING: ClassVar[State]  # serving, a Register call in flight
+    SERVING: ClassVar[State]  # serving, not registered, a Register retry due
+    REGISTERED: ClassVar[State]
+    BLOCKED: ClassVar[State]  # another plugin serves our socket path
+
+
+State.REGISTERING = State("registering", up=True)
+State.SERVING = State("serving", up=True)
+State.REGISTERED = State("registered", up=True)
+State.BLOCKED = State("blocked")
 
 
 @dataclass(frozen=True)

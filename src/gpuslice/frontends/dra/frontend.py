@@ -22,6 +22,7 @@ anyone else (a starting kubelet deletes them all) and has it repaired at once.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
@@ -29,14 +30,16 @@ import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import build_devices, dra_resources, dra_settings
+from gpuslice.core.dra.devices import build_devices, dra_settings
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
+from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.metrics import ResourceState
 from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
 from gpuslice.core.resources import build_resources
-from gpuslice.core.restart import Backoff
+from gpuslice.core.restart import Backoff, jittered
 from gpuslice.core.settings import Settings
+from gpuslice.core.waiting import first_of
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.publisher import SlicePublisher
 
@@ -57,7 +60,8 @@ class DraFrontEnd:
         *,
         device_plugin: Collection[str] = (),
         check_s: float = 1.0,
-        retry: Backoff = PUBLISH_RETRY,
+        retry: Backoff = PUBLISH_RETRY,  # jittered: every node retries after an outage
+        rand: random.Random | None = None,
         on_stop: Callable[[], Awaitable[None]] | None = None,  # release the API client
         # The NVIDIA Container Toolkit's CDI devices on the node (adapters.cdi_file's
         # lookup, shared with the device-plugin path); blocking, run off the loop.
@@ -74,6 +78,7 @@ class DraFrontEnd:
         self._device_plugin = frozenset(device_plugin)
         self._check_s = check_s
         self._retry = retry
+        self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         self._poked = asyncio.Event()
         self.socket_restarts = 0
         self.waiting_for: str | None = None  # why the sockets are not served yet
@@ -212,7 +217,7 @@ class DraFrontEnd:
                 attempt, self.publish_error = 0, None
             except BackendError as exc:
                 attempt += 1
-                delay = self._retry.delay(attempt)
+                delay = self.retry_delay(attempt)
                 self.publish_error = str(exc)
                 log.warning("dra_publish_failed", error=str(exc), retry_s=delay)
             await self._wait(seen, changes, delay)
@@ -237,21 +242,20 @@ class DraFrontEnd:
             await self.publisher.withdraw()
             self._withdrawn = True
 
+    def retry_delay(self, attempt: int) -> float:
+        """The wait before retry `attempt` of a publish or a slice watch: the backoff,
+        jittered so the nodes of a cluster do not all retry in step."""
+        return jittered(self._retry.delay(attempt), self._rand.uniform)
+
     async def _wait(self, seen: int, changes: int, delay: float | None) -> None:
         """Until the node changes, a step or the slice watch pokes, the registration
         changes, or `delay` passes."""
-        waits = [
-            asyncio.ensure_future(self._view.wait_changed(seen)),
-            asyncio.ensure_future(self._poked.wait()),
-            asyncio.ensure_future(self.endpoint.wait_registration(changes)),
-        ]
-        try:
-            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-            # gather, not a suppressed await of each: our own cancellation must go through
-            await asyncio.gather(*waits, return_exceptions=True)
+        await first_of(
+            self._view.wait_changed(seen),
+            self._poked.wait(),
+            self.endpoint.wait_registration(changes),
+            timeout_s=delay,
+        )
 
     async def _watch_slices(self) -> None:
         """Follow the node's slices; a change that is not our own write pokes a repair.
@@ -278,7 +282,7 @@ class DraFrontEnd:
                 problem = str(exc)
             self.publisher.stale = True
             self._poked.set()
-            await asyncio.sleep(self._retry.delay(attempt) if attempt else self._check_s)
+            await asyncio.sleep(self.retry_delay(attempt) if attempt else self._check_s)
 
     async def _keep_sockets(self) -> None:
         while True:
