@@ -9,12 +9,13 @@ from typing import Any
 from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import DraOptions, build_devices, dra_resources, dra_settings
+from gpuslice.core.dra.devices import DraOptions, build_devices, dra_settings
 from gpuslice.core.dra.slices import build_slices, published
+from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.isolation import detect
 from gpuslice.core.labels import label_node
-from gpuslice.core.mps import plan_serving
 from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.serving import plan_serving
 from gpuslice.core.sharing import MPS, ResourceSettings
 from gpuslice.wiring.agent import toolkit_problem
 from gpuslice.wiring.host import machine_type, open_backend, plugin_settings, time_slicer
@@ -36,9 +37,9 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     finally:
         backend.close()
     pinned = opts.mps_pinned_memory_limit_mib
-    resources, _ = plan_serving(  # raises HardwareError where `run` would refuse
-        snapshot, cfg.resources, cfg.allocate.mps_root, pinned_limit_mib=pinned
-    )
+    resources = tuple(build_resources(snapshot, cfg.resources))
+    # the agent's own planning: refuses (ConfigError, HardwareError) what `run` refuses
+    plan_serving(snapshot, resources, cfg.memory, cfg.allocate.mps_root, pinned_limit_mib=pinned)
     mps = frozenset(d.gpu_uuid for r in resources if r.sharing == MPS for d in r.devices)
     isolation = {g.uuid: g for g in detect(snapshot, facts, mps)}
     machine = machine_type(opts, cfg.labels.machine_type_file)

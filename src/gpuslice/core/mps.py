@@ -14,10 +14,10 @@ import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuslice.core.devices import Gpu, HardwareSnapshot
+from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import HardwareError, HardwareSettingError
-from gpuslice.core.resources import Resource, build_resources
-from gpuslice.core.sharing import MPS, ResourceSettings
+from gpuslice.core.resources import Resource
+from gpuslice.core.sharing import MPS
 
 CONTAINER_ROOT = "/mps"  # upstream's container paths: /mps/<resource>/{pipe,log}
 
@@ -121,22 +121,6 @@ def plan_daemons(
             )
         )
     return tuple(plans)
-
-
-def plan_serving(
-    snapshot: HardwareSnapshot,
-    settings: ResourceSettings,
-    mps_root: str,
-    *,
-    pinned_limit_mib: int = 0,
-) -> tuple[tuple[Resource, ...], tuple[DaemonPlan, ...]]:
-    """The resources and MPS daemons `settings` need on this hardware: what the agent
-    checks before serving, so that the what-if commands refuse what it refuses. Raises
-    HardwareError."""
-    resources = tuple(build_resources(snapshot, settings))
-    return resources, plan_daemons(
-        resources, snapshot.gpus, mps_root, pinned_limit_mib=pinned_limit_mib
-    )
 
 
 def _number(text: str) -> float | None:

@@ -20,7 +20,7 @@ from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import AgentNode, FrontEnd, HealthWatch, Metrics
 from gpuslice.core.settings import Settings
-from gpuslice.core.waiting import unless_stopped
+from gpuslice.core.waiting import first_of, unless_stopped
 from gpuslice.services.changes import counts, gpus, resource_changes, served
 from gpuslice.services.desired import DesiredSettings
 
@@ -119,7 +119,7 @@ class Agent(Generic[N]):
         ]
         tasks += [asyncio.create_task(front_end.run()) for front_end in self.front_ends]
         try:
-            await _first_of(tasks, stop, *(f.failed for f in self.front_ends))
+            await first_of(*tasks, stop.wait(), *(f.failed.wait() for f in self.front_ends))
             crashed = _crashed(tasks)
         finally:
             for task in tasks:
@@ -180,17 +180,6 @@ class Agent(Generic[N]):
         self.node.commit(snapshot, settings)
         for step in steps:
             await step()
-
-
-async def _first_of(tasks: list[asyncio.Task[None]], *events: asyncio.Event) -> None:
-    """Return once any of `events` is set or any of `tasks` has ended."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait([*waits, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
 
 
 def _crashed(tasks: list[asyncio.Task[None]]) -> AgentTaskFailed | None:

@@ -18,7 +18,8 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
-from gpuslice.core.mps import plan_serving
+from gpuslice.core.resources import build_resources
+from gpuslice.core.serving import plan_serving
 from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.waiting import first_of
@@ -83,9 +84,10 @@ class LabelsNode:
         if not self._backend:
             return NO_GPUS, settings.resources
         snapshot = await self.devices.read()
-        # what `run` refuses on this hardware is not labelled either (HardwareError)
+        # what `run` refuses on this hardware is not labelled either (the agent's planning)
+        resources = build_resources(snapshot, settings.resources)
         mps_root = settings.allocate.mps_root
-        plan_serving(snapshot, settings.resources, mps_root, pinned_limit_mib=self._pinned)
+        plan_serving(snapshot, resources, settings.memory, mps_root, pinned_limit_mib=self._pinned)
         return snapshot, settings.resources
 
     async def _reread(self) -> None:

@@ -16,6 +16,7 @@ from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import LabelSink
 from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
+from gpuslice.core.waiting import first_of
 from gpuslice.services.agent import Agent
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.isolation import Isolation
@@ -158,11 +159,7 @@ class Node:
 
     async def _until_ready(self, stop: asyncio.Event) -> bool:
         """Wait for the agent to be ready; False when stopped first."""
-        waiter = asyncio.create_task(self.agent.ready.wait())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        stopper.cancel()
+        await first_of(self.agent.ready.wait(), stop.wait())
         return not stop.is_set()
 
 

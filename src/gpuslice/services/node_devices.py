@@ -23,9 +23,7 @@ import structlog
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
-from gpuslice.core.isolation import check_policy
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.mps import plan_daemons
 from gpuslice.core.ports import (
     DevicePlan,
     GpuBackend,
@@ -35,6 +33,7 @@ from gpuslice.core.ports import (
 )
 from gpuslice.core.resources import Resource
 from gpuslice.core.response import AllocateOptions
+from gpuslice.core.serving import plan_serving
 from gpuslice.core.settings import Settings
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.health_monitor import HealthMonitor
@@ -218,10 +217,10 @@ class NodeDevices:
         settings: Settings,
         resources: Sequence[Resource],
     ) -> DevicePlan:
-        check_policy(resources, settings.memory)  # ConfigError: refused like any config
         mps, root = self._mps, settings.allocate.mps_root
         pinned = mps.pinned_limit_mib if mps else 0
-        daemons = plan_daemons(resources, snapshot.gpus, root, pinned_limit_mib=pinned)
+        # ConfigError and HardwareError: refused like any config
+        daemons = plan_serving(snapshot, resources, settings.memory, root, pinned_limit_mib=pinned)
         return DevicePlan(by, tuple(resources), settings.allocate, daemons)
 
     @property

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
-from gpuslice.core.front_ends import dra_resources as dra_resources  # inspect imports it here
 from gpuslice.core.resources import Resource
 from gpuslice.core.sharing import MIG_MIXED, MPS, NONE, TIME_SLICING, ResourceSettings
 
