@@ -142,11 +142,12 @@ async def switch_and_back(kubelet: KubeletStandin, cluster: Cluster) -> None:
 async def test_without_nfd_a_switch_applies_both_ways_and_the_labels_say_why_not(
     kubelet: KubeletStandin, cluster: Cluster
 ) -> None:
-    """A default install on a cluster without NFD: NodeFeature paths answer 404."""
+    """A cluster without NFD: NodeFeature paths answer 404. (The labels published before
+    NFD went away are not read back while unchanged, so the switch's new labels are the
+    first to meet the 404.)"""
     cluster.server.nfd_installed = False
-    cluster.node.labeller.nudge()  # type: ignore[union-attr]
-    await cluster.labels_settle(ok=False)
     await switch_and_back(kubelet, cluster)
+    await cluster.labels_settle(ok=False)
     labels = cluster.labels()
     assert labels["ok"] is False
     assert "HTTP 404" in str(labels["detail"])

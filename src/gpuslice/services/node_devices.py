@@ -265,7 +265,8 @@ class NodeDevices:
             yield
 
     @contextlib.asynccontextmanager
-    async def _watching_health(self, backend: GpuBackend) -> AsyncIterator[None]:
+    async def watch_health(self, backend: GpuBackend) -> AsyncIterator[None]:
+        """Health of `backend`'s GPUs while the block runs (through the session)."""
         settings = self.settings
         self._monitor = HealthMonitor(
             backend,
@@ -323,7 +324,7 @@ class NodeSession:
     def watching_health(self) -> AbstractAsyncContextManager[None]:
         """Health (events and re-probes, by the settings in force) while the block runs;
         after the first commit (NotCommitted before)."""
-        return self._devices._watching_health(self._backend)
+        return self._devices.watch_health(self._backend)
 
 
 class NotCommitted(RuntimeError):  # noqa: N818 - reads as what happened
