@@ -29,6 +29,9 @@ async def read_config(
         else asyncio.get_running_loop().run_in_executor(executor, read)
     )
     try:
-        return await asyncio.wait_for(work, timeout_s)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that meets the read's end, and a stopping follower would then never stop.
+        async with asyncio.timeout(timeout_s):
+            return await work
     except TimeoutError:
         raise ConfigError(f"reading the config took longer than {timeout_s:g}s; refused") from None
