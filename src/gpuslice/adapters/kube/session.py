@@ -251,44 +251,20 @@ class ApiSession:
     async def create_event(
         self, namespace: str, node: str, uid: str | None, reason: str, message: str, kind: str
     ) -> None:
-        now = datetime.now(UTC)
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{node}.", namespace=namespace),
-            involvedObject=ObjectReference(apiVersion="v1", kind="Node", name=node, uid=uid),
-            reason=reason,
-            message=message,
-            type=kind,
-            count=1,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            source=EventSource(component=objects.COMPONENT, host=node),
-            reportingComponent=objects.COMPONENT,
-            reportingInstance=node,
-        )
+        meta = ObjectMeta(generateName=f"{node}.", namespace=namespace)
+        about = ObjectReference(apiVersion="v1", kind="Node", name=node, uid=uid)
         with self._errors(f"record event {reason} on node {node}"):
-            await self._client.create(event)
+            await self._client.create(_event(meta, about, reason, message, kind, node))
 
     async def create_pod_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, kind: str, host: str
     ) -> None:
-        now = datetime.now(UTC)
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{pod}.", namespace=namespace),
-            involvedObject=ObjectReference(
-                apiVersion="v1", kind="Pod", name=pod, namespace=namespace, uid=uid or None
-            ),
-            reason=reason,
-            message=message,
-            type=kind,
-            count=1,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            source=EventSource(component=objects.COMPONENT, host=host or None),
-            reportingComponent=objects.COMPONENT,
-            reportingInstance=host or objects.COMPONENT,
+        meta = ObjectMeta(generateName=f"{pod}.", namespace=namespace)
+        about = ObjectReference(
+            apiVersion="v1", kind="Pod", name=pod, namespace=namespace, uid=uid or None
         )
         with self._errors(f"record event {reason} on pod {namespace}/{pod}"):
-            await self._client.create(event)
+            await self._client.create(_event(meta, about, reason, message, kind, host))
 
     async def read_event(self, namespace: str, name: str) -> tuple[int, datetime | None, str]:
         """An Event's count, lastTimestamp and resourceVersion. Raises NotFound."""
@@ -303,22 +279,11 @@ class ApiSession:
     ) -> None:  # fmt: skip
         """A Warning Event named `name` about the ConfigMap. Raises Conflict when it
         exists."""
-        now = datetime.now(UTC)
-        event = Event(
-            metadata=ObjectMeta(name=name, namespace=namespace),
-            involvedObject=ObjectReference(
-                apiVersion="v1", kind="ConfigMap", name=config_map, namespace=namespace, uid=uid
-            ),
-            reason=reason,
-            message=message,
-            type=objects.EVENT_WARNING,
-            count=1,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            source=EventSource(component=objects.COMPONENT, host=host or None),
-            reportingComponent=objects.COMPONENT,
-            reportingInstance=host or objects.COMPONENT,
+        meta = ObjectMeta(name=name, namespace=namespace)
+        about = ObjectReference(
+            apiVersion="v1", kind="ConfigMap", name=config_map, namespace=namespace, uid=uid
         )
+        event = _event(meta, about, reason, message, objects.EVENT_WARNING, host)
         with self._errors(f"record event {reason} on ConfigMap {namespace}/{config_map}"):
             await self._client.create(event)
 
@@ -552,3 +517,23 @@ class _AccessStatus(msgspec.Struct):
 
 class _AccessReview(msgspec.Struct):
     status: _AccessStatus = msgspec.field(default_factory=_AccessStatus)
+
+
+def _event(
+    meta: ObjectMeta, about: ObjectReference, reason: str, message: str, kind: str, host: str
+) -> Event:
+    """A new Event (count 1, first and last seen now) reported by the agent on `host`."""
+    now = datetime.now(UTC)
+    return Event(
+        metadata=meta,
+        involvedObject=about,
+        reason=reason,
+        message=message,
+        type=kind,
+        count=1,
+        firstTimestamp=now,
+        lastTimestamp=now,
+        source=EventSource(component=objects.COMPONENT, host=host or None),
+        reportingComponent=objects.COMPONENT,
+        reportingInstance=host or objects.COMPONENT,
+    )
