@@ -29,14 +29,6 @@ Follow = Callable[[], Following[ConfigMapView]]
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    srv = FakeApiServer()
-    await srv.start()
-    yield srv
-    await srv.close()
-
-
-@pytest.fixture
 async def follow(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[Follow]:
     client = fake_client(server.url, tmp_path)
     api = KubeNodeApi(client, backoff_s=FAST_BACKOFF)

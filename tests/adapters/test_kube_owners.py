@@ -28,12 +28,6 @@ REPLICASET = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "gpuslice-5
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 async def api(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubeNodeApi]:
     client = fake_client(server.url, tmp_path)
     yield KubeNodeApi(client, pod_name=POD)

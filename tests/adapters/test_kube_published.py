@@ -30,12 +30,6 @@ class Clock:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

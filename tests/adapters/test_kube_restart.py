@@ -34,14 +34,6 @@ async def http(server: FakeApiServer) -> AsyncIterator[httpx2.AsyncClient]:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    srv = FakeApiServer()
-    await srv.start()
-    yield srv
-    await srv.close()
-
-
-@pytest.fixture
 async def api(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubeNodeApi]:
     client = fake_client(server.url, tmp_path)
     yield KubeNodeApi(client, backoff_s=FAST_BACKOFF)

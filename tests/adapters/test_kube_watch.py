@@ -21,14 +21,6 @@ NODE_GET = "/api/v1/nodes/n1"
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    srv = FakeApiServer()
-    await srv.start()
-    yield srv
-    await srv.close()
-
-
-@pytest.fixture
 async def follow(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[Callable[[], Follower]]:
     """Start following n1's labels; every follower and the client close at teardown."""
     client = fake_client(server.url, tmp_path)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from node_harness import CONFIGS, NAMESPACE, NODE
 from process_harness import AgentProcess, clean_env
 from prometheus_client.parser import text_string_to_metric_families
@@ -246,5 +247,13 @@ class Prometheus:
             await asyncio.sleep(self.SCRAPE_S / 5)
 
 
-def prometheus_binary() -> str | None:
-    return shutil.which("prometheus")
+def prometheus_binary() -> str:
+    """The prometheus binary on PATH; a skip where it is missing, a failure where CI sets
+    GPUSLICE_REQUIRE_PROMETHEUS_TEST=1 (.ci/run installs it)."""
+    found = shutil.which("prometheus")
+    if found is None:
+        why = "no prometheus on PATH (apt-get install prometheus)"
+        if os.environ.get("GPUSLICE_REQUIRE_PROMETHEUS_TEST") == "1":
+            pytest.fail(f"{why}; GPUSLICE_REQUIRE_PROMETHEUS_TEST=1 needs it")
+        pytest.skip(why)
+    return found
