@@ -554,6 +554,23 @@ def values_schema() -> dict[str, Any]:
         "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
         "affinity": _nullable(kube.ref("core.v1.Affinity", "where the agent runs")),
         "tolerations": {"type": "array", "items": kube.ref("core.v1.Toleration", "")},
+        "validate": _obj(
+            {
+                "nodeSelector": {
+                    "type": "object",
+                    "additionalProperties": {"type": "string"},
+                    "description": "node labels of the config.validate Job's node",
+                },
+                "affinity": _nullable(
+                    kube.ref("core.v1.Affinity", "where the config.validate Job runs")
+                ),
+                "tolerations": {
+                    "type": "array",
+                    "items": kube.ref("core.v1.Toleration", ""),
+                    "description": "the config.validate Job's, added to tolerations",
+                },
+            }
+        ),
         "resources": kube.ref("core.v1.ResourceRequirements", "the agent's requests, limits"),
         "podAnnotations": {"type": "object", "additionalProperties": {"type": "string"}},
         "podSecurityContext": kube.ref("core.v1.PodSecurityContext", "replaces the chart's"),

@@ -14,6 +14,7 @@ import pytest
 from chart_kit import (
     CONFIGS,
     HOOK,
+    NVIDIA_VALUES,
     container,
     is_hook,
     kube_versions,
@@ -118,9 +119,8 @@ def job_and_agent_pods(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 @pytest.mark.parametrize(
-    "key", ["hostNetwork", "dnsPolicy", "tolerations", "priorityClassName", "imagePullSecrets",
-            "nodeSelector"],
-)  # fmt: skip
+    "key", ["hostNetwork", "dnsPolicy", "tolerations", "priorityClassName", "imagePullSecrets"]
+)
 def test_the_job_follows_the_agent_pods_setting(key: str) -> None:
     job, agent = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED})
     assert key in agent
@@ -140,12 +140,53 @@ def test_the_job_takes_the_agents_security_contexts_over_its_own() -> None:
     assert plain["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
-def test_the_job_needs_no_gpu_node_nor_the_gpu_runtime() -> None:
-    job, agent = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED})
-    assert "affinity" in agent
-    assert "runtimeClassName" in agent
-    assert "affinity" not in job
-    assert "runtimeClassName" not in job
+# NVIDIA's values file with the GPU Operator's device-plugin label as nodeSelector, on a
+# cluster without a pod network.
+GPU_NODES_ONLY = {
+    **NVIDIA_VALUES,
+    **WITH_CONFIGS,
+    "nodeSelector": {"nvidia.com/gpu.deploy.device-plugin": "true"},
+    "runtimeClassName": "nvidia",
+    "hostNetwork": True,
+}
+
+
+@pytest.mark.parametrize("values", [GPU_NODES_ONLY, {**WITH_CONFIGS, **FOLLOWED}])
+def test_the_job_needs_no_gpu_node_nor_the_gpu_runtime(values: dict[str, Any]) -> None:
+    """Pinned to the agent's nodes, the Job would wait for a GPU node that a pool scaling
+    from zero, or NFD yet to label it, does not have at install: it takes none of the agent's
+    node selection, and still what lets a pod start anywhere."""
+    job, agent = job_and_agent_pods(values)
+    for key in ("nodeSelector", "affinity", "runtimeClassName"):
+        assert key in agent
+        assert key not in job
+    for key in ("hostNetwork", "dnsPolicy", "tolerations"):
+        assert job[key] == agent[key]
+
+
+PLACEMENT = {
+    "nodeSelector": {"node-role.example.com/system": "true"},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["gpu"]}]}
+                ]
+            }
+        }
+    },
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system",
+                     "effect": "NoSchedule"}],
+}  # fmt: skip
+
+
+def test_the_jobs_own_placement_values_place_it_and_only_it() -> None:
+    job, agent = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED, "validate": PLACEMENT})
+    assert job["nodeSelector"] == PLACEMENT["nodeSelector"]
+    assert job["affinity"] == PLACEMENT["affinity"]
+    assert job["tolerations"] == FOLLOWED["tolerations"] + PLACEMENT["tolerations"]
+    _, unplaced = job_and_agent_pods({**WITH_CONFIGS, **FOLLOWED})
+    assert agent == unplaced
 
 
 def test_a_job_that_cannot_start_fails_before_helm_times_out_and_is_kept() -> None:
@@ -161,9 +202,8 @@ def test_a_job_that_cannot_start_fails_before_helm_times_out_and_is_kept() -> No
 
 
 def test_the_job_with_every_followed_setting_is_a_valid_job() -> None:
-    objects = tool().objects(
-        tool().render(CHART, {**WITH_CONFIGS, **FOLLOWED}, release="gpu", namespace="gpu-system")
-    )
+    values = {**WITH_CONFIGS, **FOLLOWED, "validate": PLACEMENT}
+    objects = tool().objects(tool().render(CHART, values, release="gpu", namespace="gpu-system"))
     versions = kube_versions()
     for obj in objects:
         if is_hook(obj):

@@ -29,6 +29,7 @@ from chart_kit import (
     the,
     tool,
 )
+from schedule_kit import selects
 
 from gpuslice.config.flags import check_settings, resolve
 from gpuslice.config.v1 import Config
@@ -259,21 +260,6 @@ def test_a_realistic_migration_renders_with_the_users_edits() -> None:
 
 
 # --- node selection ---------------------------------------------------------------------
-
-
-def selects(affinity: dict[str, Any], labels: dict[str, str]) -> bool:
-    """Whether a node with `labels` matches a required node affinity (In and Exists)."""
-    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-
-    def matches(expr: dict[str, Any]) -> bool:
-        if expr["operator"] == "Exists":
-            return expr["key"] in labels
-        assert expr["operator"] == "In", expr
-        return labels.get(expr["key"]) in expr["values"]
-
-    return any(
-        all(matches(e) for e in t["matchExpressions"]) for t in required["nodeSelectorTerms"]
-    )
 
 
 GPU_NODE = {
