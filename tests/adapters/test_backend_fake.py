@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -152,3 +154,20 @@ def test_without_an_events_file_wait_just_times_out() -> None:
     assert backend.wait_event(0.1) is None
     assert time.monotonic() - started >= 0.09
     assert backend.probe(backend.snapshot().gpus[0].uuid)
+
+
+def test_kill_ends_the_simulated_process_without_signalling_the_host(events_file: Path) -> None:
+    # The simulated PID is this very test process's: were it signalled, the test would die.
+    backend = FakeBackend.from_spec("t4", str(events_file))
+    me = os.getpid()
+    line = {"process": {"pid": me, "gpu": 0, "memory_mib": 100, "pod_uid": "uid-1"}}
+    append(events_file, json.dumps(line) + "\n")
+    try:
+        assert me in backend.processes().pids()
+        backend.kill(me)
+        assert me not in backend.processes().pids()
+        assert backend.owners([me]) == {}
+        with pytest.raises(ProcessLookupError):
+            backend.kill(me)  # already ended, as os.kill says of a gone PID
+    finally:
+        backend.close()

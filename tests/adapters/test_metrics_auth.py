@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class Rig:
     api: FakeApiServer
     port: int
     clock: Clock
+    headers: dict[str, str] = field(default_factory=dict)  # of the last answer
 
     async def get(self, token: str | None = None, scheme: str = "Bearer") -> tuple[int, bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -51,7 +52,11 @@ class Rig:
         raw = await asyncio.wait_for(reader.read(), ANSWER_WITHIN_S)
         writer.close()
         head, _, body = raw.partition(b"\r\n\r\n")
-        return int(head.split()[1]), body
+        status, *lines = head.decode("latin-1").split("\r\n")
+        self.headers = {
+            k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)
+        }
+        return int(status.split()[1]), body
 
     def token_reviews(self) -> int:
         return len(self.api.of("POST", REVIEWS))
@@ -83,6 +88,7 @@ async def test_no_token_is_401_without_asking_the_api(rig: Rig) -> None:
         status, body = await rig.get(token, scheme)
         assert status == 401
         assert b"no bearer token" in body
+        assert rig.headers["www-authenticate"] == 'Bearer realm="gpuslice"'  # RFC 9110 11.6.1
     assert rig.api.requests == []
 
 
@@ -90,6 +96,7 @@ async def test_a_token_the_api_does_not_know_is_401(rig: Rig) -> None:
     status, body = await rig.get("forged")
     assert status == 401
     assert b"authenticates no one" in body
+    assert rig.headers["www-authenticate"].startswith("Bearer ")
     assert rig.token_reviews() == 1
     assert rig.api.of("POST", "subjectaccessreviews") == []
 
@@ -98,6 +105,7 @@ async def test_a_user_without_get_on_metrics_is_403_naming_the_user(rig: Rig) ->
     status, body = await rig.get("other-token")
     assert status == 403
     assert b"system:serviceaccount:ml:notebook" in body
+    assert "www-authenticate" not in rig.headers  # authenticated: no challenge
     (review,) = rig.api.of("POST", "subjectaccessreviews")
     spec = review.body["spec"]
     assert spec["nonResourceAttributes"] == {"path": "/metrics", "verb": "get"}

@@ -151,9 +151,12 @@ async def test_the_watchdog_counts_a_refused_kill_and_keeps_going(
         def budget_action(self, gpu: object, resource: str, policy: str, outcome: str) -> None:
             outcomes.append(outcome)
 
+    async def kill(pid: int) -> None:
+        owners.kill(pid)
+
     dog = Watchdog(
         Policy.TERMINATE, {}, lambda: HardwareSnapshot(gpus=(gpu,)),
-        hold=lambda _: None, kill=owners.kill, events=None, metrics=Counting(),
+        hold=lambda _: None, kill=kill, events=None, metrics=Counting(),
     )  # fmt: skip
     await dog.check(Attribution(containers=(_usage(child.pid),)))
     assert outcomes == ["refused"]

@@ -2,14 +2,14 @@
 15360 MiB GPU, so a 3840 MiB budget each), fed by the sampler through the kubelet
 stand-in's PodResources API: each policy acts as configured, records an Event on the Pod
 in the Pod's namespace (through an API server granting exactly the RBAC rules) and is
-counted in /metrics. Terminate kills a real process; without the PodResources socket the
-agent keeps serving and only sampling reports failure."""
+counted in /metrics. Terminate ends the simulated process, whose PID is not the host's:
+a real process that happens to have that PID is never signalled. Without the
+PodResources socket the agent keeps serving and only sampling reports failure."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -64,27 +64,38 @@ async def over_budget(node: ScrapedNode, kubelet: KubeletStandin, pid: int) -> A
     return train
 
 
-async def test_terminate_kills_the_containers_process_and_says_so_on_the_pod(
+async def test_terminate_ends_the_simulated_process_and_never_signals_the_host(
     kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess], tmp_path: Path
 ) -> None:
-    victim = await asyncio.create_subprocess_exec(sys.executable, "-c", "input()",
-                                                  stdin=asyncio.subprocess.PIPE)  # fmt: skip
+    # A real process of this host, whose PID the simulated GPU process reuses.
+    bystander = await asyncio.create_subprocess_exec(sys.executable, "-c", "input()",
+                                                     stdin=asyncio.subprocess.PIPE)  # fmt: skip
+    used = "gpuslice_container_gpu_memory_used_bytes"
     try:
         async with scraped_node(plugin_dir, tmp_path, 0, flags(kubelet, "terminate")) as node:
             processes.append(node.proc)
             await kubelet.wait_for(lambda k: serving(k, {GPU: 16}), 10)
-            await over_budget(node, kubelet, victim.pid)
-            assert await asyncio.wait_for(victim.wait(), 10) == -signal.SIGKILL
-            assert f"process {victim.pid} killed (SIGKILL)" in budget_events(node.api)[0]["message"]
+            await over_budget(node, kubelet, bystander.pid)
+            message = budget_events(node.api)[0]["message"]
+            assert f"process {bystander.pid} killed (SIGKILL)" in message
             samples = await scrape(node.port)
             name = "gpuslice_memory_budget_actions_total"
             assert value(samples, name, policy="terminate", outcome="killed", resource=GPU) == 1
+            # The simulated process left its GPU: the next samples see the pod use nothing.
+            while value(samples, used, namespace="ml", pod="train") not in (None, 0):
+                await asyncio.sleep(0.05)  # a few samples at --sample-interval 100ms
+                samples = await scrape(node.port)
             await node.proc.wait_for_line("memory_budget_exceeded")
             assert node.api.answered(403) == []
+            # The host's process was never signalled: it still runs, and ends as asked.
+            assert bystander.returncode is None
+            assert bystander.stdin is not None
+            bystander.stdin.write(b"done\n")
+            assert await asyncio.wait_for(bystander.wait(), 10) == 0
     finally:
-        if victim.returncode is None:
-            victim.kill()
-            await victim.wait()
+        if bystander.returncode is None:
+            bystander.kill()
+            await bystander.wait()
 
 
 async def test_unhealthy_holds_the_gpus_replicas_while_it_stays_over_budget(

@@ -14,7 +14,8 @@ node's network under hostNetwork) can listen on the same port while the old one 
 `unix_path` serves the same endpoints on a unix socket of the pod's own, so that exec probes
 reach their own pod's agent, whichever agent the shared port hands a connection to.
 With `authorize`, /metrics answers only requests whose Authorization header it allows:
-401 without a known token, 403 for a user who may not read it, 503 when it cannot tell.
+401 without a known token (with the `WWW-Authenticate: Bearer` challenge RFC 9110 asks
+of every 401), 403 for a user who may not read it, 503 when it cannot tell.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _REFUSED = {
     Outcome.FORBIDDEN: "403 Forbidden",
     Outcome.UNAVAILABLE: "503 Service Unavailable",
 }
+CHALLENGE = 'Bearer realm="gpuslice"'  # the scheme /metrics takes, on every 401
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 MAX_LINE = 8 * 1024  # the request line, and any one header line
@@ -287,8 +289,9 @@ _HEADERS = (
 
 async def _send(writer: asyncio.StreamWriter, reply: Reply) -> None:
     status, kind, payload = reply
+    challenge = f"WWW-Authenticate: {CHALLENGE}\r\n" if status.startswith("401") else ""
     head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+        f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n{challenge}"
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     )
     writer.write(head.encode() + payload)

@@ -49,7 +49,8 @@ def _config(model: str, advice: Sequence[Advice]) -> list[str]:
         if not measured:
             lines.append(f"# {resource}: left out, no workload on it has a measured peak")
             continue
-        tightest = min(measured, key=lambda a: (a.replicas or 0, a.workload))
+        # Fewest replicas first; among equals the highest peak, which sets the margin.
+        tightest = min(measured, key=lambda a: (a.replicas or 0, -(a.memory_max or 0), a.workload))
         replicas = max(1, tightest.replicas or 0)
         why = (
             f"# {resource}: {current} -> {replicas} replicas"

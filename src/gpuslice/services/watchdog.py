@@ -4,7 +4,7 @@ the Pod and counts it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
@@ -27,7 +27,7 @@ class Watchdog:
         hardware: Callable[[], HardwareSnapshot],
         *,
         hold: Callable[[frozenset[str]], object],  # NodeDevices.hold(held, by=...)
-        kill: Callable[[int], None],  # SIGKILL a host PID proven in its container
+        kill: Callable[[int], Awaitable[None]],  # end a PID proven in its container
         events: PodEvents | None,
         metrics: Metrics,
         enforced: Callable[[], frozenset[str]] = frozenset,  # GPUs the driver's limits bound
@@ -70,7 +70,7 @@ class Watchdog:
             Policy.UNHEALTHY: ("held", f"every replica of GPU {u.gpu_index} marked Unhealthy"),
         }.get(self.policy, ("", ""))
         if self.policy is Policy.TERMINATE:
-            outcome, done = self._terminate(u)
+            outcome, done = await self._terminate(u)
             if outcome == "gone":  # killed at an earlier sample and still listed: said then
                 log.info("memory_budget_process_gone", pod=f"{u.namespace}/{u.pod}", detail=done)
                 return
@@ -95,13 +95,13 @@ class Watchdog:
                 u.namespace, u.pod, u.pod_uid, REASON, f"{breach.message}: {done}", warning=True
             )
 
-    def _terminate(self, u: ContainerUsage) -> tuple[str, str]:
+    async def _terminate(self, u: ContainerUsage) -> tuple[str, str]:
         """SIGKILL its process using the most memory."""
         if not u.pids:
             return "gone", "no process left to kill"
         pid = u.pids[0]
         try:
-            self._kill(pid)
+            await self._kill(pid)
         except ProcessLookupError:
             return "gone", f"process {pid} had already exited"
         except NotProvenError as exc:

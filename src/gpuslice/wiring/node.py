@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.config.loader import LoadedConfig
@@ -23,6 +23,7 @@ from gpuslice.core.ports import (
     NodeApi,
     PodEvents,
     PodResources,
+    ProcessOwners,
 )
 from gpuslice.core.settings import LabelSettings
 from gpuslice.services.claim_shares import ClaimShares
@@ -197,10 +198,16 @@ def accounting(
     opts: RunOptions, events: PodEvents | None, metrics: Metrics, pods: PodResources
 ) -> Accounting:
     """The sampler beside the agent and the memory-budget watchdog it feeds; the host
-    says who owns a GPU process and how to kill one."""
-    owners, kill = host(opts).process_owners()
+    says who owns a GPU process and ends one (the simulated backend: its own)."""
+    owners = host(opts).process_owners()
 
     def build(devices: NodeDevices, limits: Isolation | None) -> tuple[Sampler, Watchdog | None]:
+        async def kill(pid: int) -> None:
+            if owners is not None:
+                owners.kill(pid)
+            else:
+                await devices.on_backend(lambda backend: cast(ProcessOwners, backend).kill(pid))
+
         watchdog = Watchdog(
             opts.memory_budget_policy,
             opts.memory_budgets,

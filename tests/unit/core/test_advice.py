@@ -192,6 +192,21 @@ def test_proposed_config_never_has_more_replicas_than_the_tightest_peak_allows(
     (_result,) = _validate(tmp_path, text)
 
 
+def test_the_tightest_is_the_highest_peak_among_workloads_allowing_the_same_replicas() -> None:
+    # A daily spike of 3,700 MiB and a steady 3,600 MiB both allow 3 replicas of a T4;
+    # the spike sets the margin, whatever the workloads' names sort as.
+    advice = advise(
+        {
+            Series("ml", "spike-0", "main", GPU, T4, "GPU-1"): facts([1000] * 9 + [3700]),
+            Series("ml", "grow-0", "main", GPU, T4, "GPU-2"): facts([3600] * 10),
+        },
+        RULES,
+    )
+    assert {a.replicas for a in advice} == {3}
+    text = propose_config(advice)
+    assert "# nvidia.com/gpu: 4 -> 3 replicas; the tightest, ml/spike, peaks at 3,700 MiB" in text
+
+
 def test_several_models_give_a_configmap_of_one_entry_each(tmp_path: Path) -> None:
     advice = advise(
         {

@@ -54,9 +54,13 @@ def test_the_limits_current_used_replaces_the_process_sum_of_a_pods_one_containe
 async def test_the_watchdog_has_nothing_to_act_on_where_the_driver_enforces() -> None:
     held: list[frozenset[str]] = []
     enforced: frozenset[str] = frozenset()
+
+    async def kill(pid: int) -> None:
+        raise AssertionError("the unhealthy policy kills nothing")
+
     dog = Watchdog(
         Policy.UNHEALTHY, {}, lambda: HardwareSnapshot((GPU,)), hold=held.append,
-        kill=lambda pid: None, events=None, metrics=NoMetrics(), enforced=lambda: enforced,
+        kill=kill, events=None, metrics=NoMetrics(), enforced=lambda: enforced,
     )  # fmt: skip
     over = result(usage(used=8000 * MIB))
     await dog.check(over)

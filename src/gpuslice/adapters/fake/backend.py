@@ -97,6 +97,14 @@ class FakeBackend:
             self._ingest()
             return self._processes.owners(pids)
 
+    def kill(self, pid: int) -> None:
+        """End simulated process `pid` as SIGKILL would: it leaves its GPU. Its PID is
+        not the host's, so nothing is signalled. ProcessLookupError when none runs."""
+        with self._lock:
+            self._ingest()
+            if not self._processes.end(pid):
+                raise ProcessLookupError(pid, "no such simulated process")
+
     @property
     def refused(self) -> tuple[str, ...]:
         """One line per allocation refused past a cgroup's hard limit."""

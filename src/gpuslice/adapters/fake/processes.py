@@ -150,6 +150,10 @@ class ProcessTable:
             self._procs[change.pid] = SimProcess(change.pid, change.device, 0, 0, change.owner)
         return refused
 
+    def end(self, pid: int) -> bool:
+        """End process `pid`; False when none runs."""
+        return self._procs.pop(pid, None) is not None
+
     def set_limit(self, gpu_uuid: str, cgroup: str, limit: Limit | None) -> None:
         if limit is None:
             self._limits.pop((gpu_uuid, cgroup), None)

@@ -4,8 +4,7 @@ cgroups under the proc root, nvidia-smi's time slices and the MPS binary as give
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuslice.adapters.hosts import read_machine_type
@@ -43,12 +42,11 @@ class RealHost:
     def machine_type(self, path: str) -> str | None:
         return read_machine_type(path)
 
-    def process_owners(self) -> tuple[ProcessOwners | None, Callable[[int], None]]:
+    def process_owners(self) -> ProcessOwners | None:
         """The pods' cgroups under --proc-root say which pod a PID is in."""
         from gpuslice.adapters.cgroups import CgroupOwners
 
-        cgroups = CgroupOwners(self.proc_root)
-        return cgroups, cgroups.kill
+        return CgroupOwners(self.proc_root)
 
     def mps_binary(self) -> list[str]:
         return [self.mps_control_binary]
@@ -57,7 +55,3 @@ class RealHost:
         from gpuslice.adapters.nvml.time_slices import NvidiaSmiTimeSlices
 
         return NvidiaSmiTimeSlices()
-
-
-def kill(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)

@@ -4,11 +4,10 @@ device nodes, the testing kit's MPS binary unless another is named."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuslice.adapters.hosts import read_machine_type
-from gpuslice.adapters.hosts.real import kill
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.ports import GpuBackend, ProcessOwners, TimeSlicer
 
@@ -47,9 +46,10 @@ class SimulatedHost:
         """None (the snapshot's own) unless a file other than the default is named."""
         return None if path == self.default_machine_type_file else read_machine_type(path)
 
-    def process_owners(self) -> tuple[ProcessOwners | None, Callable[[int], None]]:
-        """The backend knows its processes' pods (the events file says which)."""
-        return None, kill
+    def process_owners(self) -> ProcessOwners | None:
+        """The backend knows its processes' pods (the events file says which) and ends
+        them itself: the PIDs it lists are not the host's, so none is ever signalled."""
+        return None
 
     def mps_binary(self) -> list[str]:
         if self.mps_control_binary == self.default_mps_control:

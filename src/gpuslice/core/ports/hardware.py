@@ -3,11 +3,7 @@ process owners, the host itself)."""
 
 from __future__ import annotations
 
-from collections.abc import (
-    Callable,
-    Collection,
-    Mapping,
-)
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
@@ -111,8 +107,9 @@ class Host(Protocol):
         """The machine type read from `path`; None: the snapshot's own."""
         ...
 
-    def process_owners(self) -> tuple[ProcessOwners | None, Callable[[int], None]]:
-        """Who owns a GPU process (None: the backend's samples say) and how to kill one."""
+    def process_owners(self) -> ProcessOwners | None:
+        """Who owns a GPU process and ends one (None: the backend itself, which knows
+        its simulated processes' pods and ends them without signalling the host)."""
         ...
 
     def mps_binary(self) -> list[str]:
@@ -129,4 +126,9 @@ class ProcessOwners(Protocol):
 
     def owners(self, pids: Collection[int]) -> Mapping[int, ProcessOwner]:
         """The pod of each of `pids` that runs in one; others are left out. Blocking."""
+        ...
+
+    def kill(self, pid: int) -> None:
+        """End `pid` as SIGKILL does, only if it is the process last seen in its pod.
+        Raises NotProvenError, ProcessLookupError (it ended) or OSError. Blocking."""
         ...
