@@ -276,7 +276,7 @@ FLAGS: tuple[Flag, ...] = (
     _flag("memory-isolation", "GPUSLICE_MEMORY_ISOLATION", None, False,
           "limit each pod's GPU memory through the driver's per-cgroup limits (driver r615, "
           "cgroup v2) where the node can; the config's memoryIsolation block tunes it",
-          kind=BOOL),
+          kind=BOOL, uses="run inspect"),
     _flag("cgroup-root", "GPUSLICE_CGROUP_ROOT", None, "/sys/fs/cgroup",
           "where the host's cgroup v2 tree is mounted, watched for pods' cgroups "
           "(--memory-isolation)", uses="run inspect"),
