@@ -307,8 +307,8 @@ async def _until_signalled(
     "output_format",
     type=click.Choice(["table", "json"]),
     default="table",
-    help="a table, or one JSON object: resources (name: device count), labels, GPUs, "
-    "warnings [default: table]",
+    help="a table, or one JSON object: resources (name: device count), labels, GPUs (with "
+    "each share's memory limit), memoryIsolation, warnings [default: table]",
 )
 @click.pass_context
 def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:

@@ -1,9 +1,11 @@
-"""`gpuslice inspect`: what a config advertises on some hardware, without a kubelet."""
+"""`gpuslice inspect`: what a config advertises on some hardware, without a kubelet: the
+resources, the labels the agent publishes and the memory limit each share carries, each
+computed by the agent's own code."""
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuslice.config.options import RunOptions
@@ -12,20 +14,39 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_settings
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.front_ends import dra_resources
-from gpuslice.core.isolation import detect
+from gpuslice.core.isolation import (
+    Limit,
+    detect,
+    device_limit,
+    limited_gpus,
+    missing_line,
+    mps_gpus,
+    node_mode,
+)
+from gpuslice.core.isolation import labels as isolation_labels
 from gpuslice.core.labels import label_node
-from gpuslice.core.resources import Resource, build_resources, unmatched_rule_warnings
+from gpuslice.core.resources import (
+    AdvertisedDevice,
+    Resource,
+    build_resources,
+    unmatched_rule_warnings,
+)
 from gpuslice.core.serving import plan_serving
-from gpuslice.core.sharing import MPS, ResourceSettings
+from gpuslice.core.sharing import ResourceSettings
 from gpuslice.wiring.agent import toolkit_problem
 from gpuslice.wiring.host import machine_type, open_backend, plugin_settings, time_slicer
-from gpuslice.wiring.node import isolation_facts
+from gpuslice.wiring.node import isolation_facts, pod_cgroups
+
+# A device's limit per share, as the isolation service sets it (None: unlimited).
+ShareLimit = Callable[[AdvertisedDevice, str], Limit | None]
 
 
 def inspect_node(opts: RunOptions) -> dict[str, Any]:
     """One JSON-able report; `resources` maps each advertised name to its device count,
-    `gpus` lists each GPU with the resources serving it (`servedAs`), `labels` each node
-    label (GFD's, without the timestamp) to its value. With --dra, `frontEnds` names the
+    `gpus` lists each GPU with the resources serving it (`servedAs`, with the memory limit
+    each share carries), `labels` each node label the agent publishes (without the
+    timestamp) to its value, `memoryIsolation` the node's mode and where the pods' cgroups
+    are (or why none is found). With --dra, `frontEnds` names the
     front-end serving each resource and `resourceSlices` holds the ResourceSlices this
     node would publish, as they are sent to the API server."""
     loaded = load_config(opts)
@@ -40,11 +61,19 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     resources = tuple(build_resources(snapshot, cfg.resources))
     # the agent's own planning: refuses (ConfigError, HardwareError) what `run` refuses
     plan_serving(snapshot, resources, cfg.memory, cfg.allocate.mps_root, pinned_limit_mib=pinned)
-    mps = frozenset(d.gpu_uuid for r in resources if r.sharing == MPS for d in r.devices)
-    isolation = {g.uuid: g for g in detect(snapshot, facts, mps)}
+    modes = detect(snapshot, facts, mps_gpus(resources))
+    isolation = {g.uuid: g for g in modes}
+    kubepods, pods_missing = pod_cgroups(opts)
+    limited = limited_gpus(modes, cfg.memory, pods_missing)
+
+    def share_limit(device: AdvertisedDevice, resource: str) -> Limit | None:
+        return device_limit(device, resource, cfg.memory) if device.gpu_uuid in limited else None
+
     machine = machine_type(opts, cfg.labels.machine_type_file)
     slicer = time_slicer(opts)
-    labelled = label_node(snapshot, cfg.resources, machine=machine)
+    # the agent's labeller adds the isolation service's labels when --memory-isolation
+    more = isolation_labels(modes) if opts.memory_isolation else None
+    labelled = label_node(snapshot, cfg.resources, machine=machine, more=more)
     report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
         "details": [
@@ -67,7 +96,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
                 "migEnabled": g.mig_enabled,
                 **({"timeSlice": ts} if (ts := slicer.time_slice(g.uuid)) else {}),
                 "migDevices": len(g.mig_devices),
-                "servedAs": served_as(g.uuid, resources),
+                "servedAs": served_as(g.uuid, resources, share_limit),
                 "memoryIsolation": {
                     "mode": isolation[g.uuid].mode,
                     "missing": isolation[g.uuid].missing,
@@ -77,6 +106,13 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             for g in sorted(snapshot.gpus, key=lambda g: g.index)
         ],
         "labels": labelled.labels,
+        "memoryIsolation": {
+            "enabled": cfg.memory.enabled,
+            "mode": node_mode(modes),
+            "missing": missing_line(modes),
+            "kubepods": list(kubepods),
+            "podCgroups": pods_missing,
+        },
         "config": loaded.source or "(defaults)",
         "warnings": [
             *cfg.warnings,
@@ -113,19 +149,25 @@ def dra_report(
     }
 
 
-def served_as(gpu_uuid: str, resources: Sequence[Resource]) -> list[dict[str, Any]]:
+def served_as(
+    gpu_uuid: str, resources: Sequence[Resource], share_limit: ShareLimit
+) -> list[dict[str, Any]]:
     """Each device of the GPU that is advertised (the GPU itself, or its MIG devices),
-    with the resource serving it and how: whole, or as `replicas` shares."""
+    with the resource serving it and how: whole, or as `replicas` shares, and the memory
+    limit each share carries (`hardLimitBytes`, `softLimitBytes`; null: none)."""
     out: dict[str, dict[str, Any]] = {}
     for res in resources:
         for d in res.devices:
             if d.gpu_uuid == gpu_uuid and d.physical_id not in out:
+                limit = share_limit(d, res.name)
                 out[d.physical_id] = {
                     "resource": res.name,
                     "device": d.physical_id,
                     "index": d.index,
                     "mig": d.is_mig,
                     "replicas": d.replicas,
+                    "hardLimitBytes": None if limit is None else limit.hard,
+                    "softLimitBytes": None if limit is None or not limit.soft else limit.soft,
                 }
     return sorted(out.values(), key=lambda s: [int(p) for p in s["index"].split(":")])
 
@@ -152,6 +194,8 @@ def render_table(report: dict[str, Any]) -> str:
         ]
         lines += ["", *_columns(gpu_rows)]
         missing = sorted({g["memoryIsolation"]["missing"] for g in report["gpus"]} - {""})
+        if report["memoryIsolation"]["enabled"]:  # no pod found: nothing would be limited
+            missing += filter(None, [report["memoryIsolation"]["podCgroups"]])
         lines += [f"memory isolation: {line}" for line in missing]
     if report["labels"]:
         lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
@@ -167,11 +211,20 @@ def render_table(report: dict[str, Any]) -> str:
 
 
 def _how(served: dict[str, Any]) -> str:
-    """ "nvidia.com/gpu.shared (4 replicas)", "nvidia.com/mig-1g.5gb (MIG 0:1, whole)"."""
+    """ "nvidia.com/gpu.shared (4 replicas, 3840 MiB limit each)",
+    "nvidia.com/mig-1g.5gb (MIG 0:1, whole)"."""
     how = "whole" if served["replicas"] == 1 else f"{served['replicas']} replicas"
+    if served["hardLimitBytes"] is not None:
+        each = "" if served["replicas"] == 1 else " each"
+        how += f", {_size(served['hardLimitBytes'])} limit{each}"
     if served["mig"]:
         how = f"MIG {served['index']}, {how}"
     return f"{served['resource']} ({how})"
+
+
+def _size(n: int) -> str:
+    """Bytes as MiB, exact when whole ("3840 MiB"), else bytes ("1000000 B")."""
+    return f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n} B"
 
 
 def _columns(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -33,6 +33,16 @@ CASES = [
     ),
     ("v2 cgroupfs", f"0::/kubepods/besteffort/pod{UID}/{CID}\n"),
     (
+        "v2 systemd under kind's kubelet.slice",
+        "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{SLICE_UID}.slice/cri-containerd-{CID}.scope\n",
+    ),
+    (
+        "v2 systemd under --cgroup-root=/k8s, guaranteed",
+        f"0::/k8s.slice/k8s-kubepods.slice/k8s-kubepods-pod{SLICE_UID}.slice/crio-{CID}.scope\n",
+    ),
+    ("v2 cgroupfs under --cgroup-root=/kubelet", f"0::/kubelet/kubepods/pod{UID}/{CID}\n"),
+    (
         "v2 seen from another cgroup namespace",
         f"0::/../../kubepods-burstable-pod{SLICE_UID}.slice/cri-containerd-{CID}.scope\n",
     ),
@@ -67,7 +77,9 @@ def test_host_processes_and_gone_pids_are_left_out(tmp_path: Path) -> None:
                 1: "0::/init.scope\n",
                 2: "0::/system.slice/containerd.service\n",
                 3: f"0::/kubepods/pod{UID}/{CID}\n",
+                # a prefix that is not its parent's: no slice of the kubelet's
+                4: f"0::/kubelet.slice/kubelet-kubepods.slice/x-kubepods-pod{SLICE_UID}.slice\n",
             },
         )
     )
-    assert owners.owners([1, 2, 3, 999]) == {3: ProcessOwner(UID, CID)}
+    assert owners.owners([1, 2, 3, 4, 999]) == {3: ProcessOwner(UID, CID)}

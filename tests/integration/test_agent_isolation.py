@@ -60,7 +60,12 @@ class Isolated:
 
 
 async def start(
-    launcher: AgentLauncher, kubelet: KubeletStandin, root: Path, driver: str, **flags: str
+    launcher: AgentLauncher,
+    kubelet: KubeletStandin,
+    root: Path,
+    driver: str,
+    kubelet_root: str = "",  # the kubelet's --cgroup-root: its kubepods is made first
+    **flags: str,
 ) -> Isolated:
     opened: list[FakeBackend] = []
 
@@ -73,7 +78,9 @@ async def start(
 
         return dataclasses.replace(deps, open_backend=open_backend)
 
-    tree = CgroupTree(root, driver)
+    tree = CgroupTree(root, driver, kubelet_root or "/")
+    if kubelet_root:
+        tree.make_kubepods()
     running = await launcher.start(
         r615_node("t4", root.parent / "node.yaml"),
         config=flags.pop("config", str(EXAMPLES / "time-slicing.yaml")),
@@ -265,3 +272,52 @@ async def test_a_limit_the_driver_refuses_is_reported_and_set_once_it_can_be(
     node.line({"gpu": 0, "recovered": True})
     await node.until(lambda: a.pod_uid in node.isolation.in_force_at)
     assert node.isolation.error is None
+
+
+@pytest.mark.parametrize("driver", [SYSTEMD, CGROUPFS])
+@pytest.mark.parametrize("kubelet_root", ["/kubelet", "/k8s/node-a"], ids=["kind", "custom"])
+async def test_a_pod_below_a_kubelets_custom_cgroup_root_gets_its_limit(
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path, driver: str, kubelet_root: str
+) -> None:
+    """kind's kubelet (--cgroup-root=/kubelet: kubelet.slice/kubelet-kubepods.slice/...
+    under systemd) and a deeper custom root: the pod's cgroup is found and limited."""
+    node = await start(launcher, kubelet, tmp_path / "cgroup", driver, kubelet_root)
+    a = (await kubelet.admit("a", {"main": {GPU: 1}}))[0]
+    node.tree.create_pod(a.pod_uid)
+    await node.until(lambda: bool(node.isolation.applied.get(a.pod_uid, None)))
+    gpu = a.device_ids[0].split("::")[0]
+    reading = node.backend.memory_limit(gpu, node.host_path(a.pod_uid))
+    assert (reading.hard, reading.soft) == (SHARE, 0)
+    assert node.isolation.enforced() == {gpu}
+    detail = node.running.node.readiness()[1]["memoryIsolation"]
+    kubepods = str(node.tree.make_kubepods().relative_to(node.tree.root))
+    assert detail["kubepods"] == [f"/sys/fs/cgroup/{kubepods}"]
+    assert "podCgroups" not in detail
+
+
+async def test_without_a_kubepods_cgroup_readiness_and_inspect_say_why_nothing_is_limited(
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path
+) -> None:
+    node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
+    (tmp_path / "cgroup" / "system.slice" / "containerd.service").mkdir(parents=True)
+    passes = node.isolation.passes
+    await node.until(lambda: node.isolation.passes > passes)
+    detail = node.running.node.readiness()[1]["memoryIsolation"]
+    said = (
+        "no kubepods cgroup (kubepods, kubepods.slice or <prefix>-kubepods.slice) "
+        f"under {tmp_path / 'cgroup'}, searched 3 levels deep without following links"
+    )  # the root, system.slice, containerd.service
+    assert said in detail["podCgroups"]
+    assert "\n" not in detail["podCgroups"]
+    assert detail["mode"] == DMEM  # the node could: only the pods' cgroups are missing
+    assert node.isolation.enforced() == frozenset()  # the watchdog does not stand down
+
+    args = ["inspect", "--fake-hardware", node.running.opts.fake_hardware or ""]
+    args += ["--memory-isolation", "--cgroup-root", str(tmp_path / "cgroup")]
+    args += ["--config-file", str(EXAMPLES / "time-slicing.yaml")]
+    table = run_once(*args).stdout
+    (line,) = [x for x in table.splitlines() if "kubepods" in x]
+    assert line.startswith(f"memory isolation: {said}")
+    report = json.loads(run_once(*args, "--output", "json").stdout)
+    assert report["memoryIsolation"]["podCgroups"] == detail["podCgroups"]
+    assert {s["hardLimitBytes"] for g in report["gpus"] for s in g["servedAs"]} == {None}

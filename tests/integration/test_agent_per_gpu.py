@@ -210,7 +210,7 @@ def test_inspect_shows_which_resource_serves_each_gpu() -> None:
     served = {g["index"]: g["servedAs"] for g in report["gpus"]}
     assert served[0] == [
         {"resource": GPU, "device": report["gpus"][0]["uuid"], "index": "0", "mig": False,
-         "replicas": 1}
+         "replicas": 1, "hardLimitBytes": None, "softLimitBytes": None}
     ]  # fmt: skip
     assert [s["resource"] for g in report["gpus"] for s in g["servedAs"]] == [GPU] * 2 + [
         SHARED

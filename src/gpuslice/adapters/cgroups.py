@@ -8,11 +8,17 @@ named after its runtime ID, under either cgroup driver and cgroup version:
   systemd:  /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice/
             cri-containerd-<id>.scope  (crio-<id>.scope, docker-<id>.scope)
 
+A kubelet with a --cgroup-root nests that hierarchy: /kubelet/kubepods/... (cgroupfs), or
+under systemd every slice name takes the root's prefix, as kind's kubelet does:
+/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/
+kubelet-kubepods-burstable-pod<uid_>.slice.
+
 A pod is only matched inside that hierarchy: the pod's cgroup must sit under `kubepods`
-(cgroupfs, directly or under a QoS class) or be a `kubepods[-<qos>]-pod<uid_>.slice` in
-its parent `kubepods[-<qos>].slice` (systemd). A user slice named `x-pod<uid>.slice` is
-no pod. Paths may be relative to the reader's cgroup namespace ("/../.."): a parent shown
-as ".." is an ancestor of the agent's own container, made by the kubelet or root only.
+(cgroupfs, directly or under a QoS class) or be a `<p>kubepods[-<qos>]-pod<uid_>.slice` in
+its parent `<p>kubepods[-<qos>].slice`, with the same prefix <p> (systemd). A user slice
+named `x-pod<uid>.slice` is no pod. Paths may be relative to the reader's cgroup namespace
+("/../.."): a parent shown as ".." is an ancestor of the agent's own container, made by
+the kubelet or root only.
 `proc_root` is /proc, or the host's /proc mounted elsewhere.
 """
 
@@ -33,7 +39,7 @@ PROC_FILE_MAX_BYTES = 64 << 10  # /proc/<pid>/{cgroup,stat}: far below this
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 _QOS = ("burstable", "besteffort")
-_SYSTEMD_POD = re.compile(rf"kubepods(?:-(burstable|besteffort))?-pod({_UID})\.slice")
+_SYSTEMD_POD = re.compile(rf"((?:[^/]+-)?)kubepods(?:-(burstable|besteffort))?-pod({_UID})\.slice")
 _CGROUPFS_POD = re.compile(rf"pod({_UID})")
 _CONTAINER = re.compile(r"^(?:cri-containerd-|crio-|docker-|cri-o-)?([0-9a-f]{64})(?:\.scope)?$")
 _UP = ".."
@@ -44,10 +50,10 @@ def _pod_in(parts: list[str]) -> tuple[int, str] | None:
     for i, part in enumerate(parts):
         parent = parts[i - 1] if i else ""
         if m := _SYSTEMD_POD.fullmatch(part):
-            qos = m.group(1)
-            wanted = f"kubepods-{qos}.slice" if qos else "kubepods.slice"
+            prefix, qos, uid = m.groups()
+            wanted = f"{prefix}kubepods-{qos}.slice" if qos else f"{prefix}kubepods.slice"
             if parent in (wanted, _UP) or i == 1:
-                return i, m.group(2)
+                return i, uid
         elif m := _CGROUPFS_POD.fullmatch(part):
             grandparent = parts[i - 2] if i > 1 else ""
             if parent in ("kubepods", _UP) or (parent in _QOS and grandparent in ("kubepods", _UP)):

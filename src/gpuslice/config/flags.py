@@ -276,10 +276,10 @@ FLAGS: tuple[Flag, ...] = (
     _flag("memory-isolation", "GPUSLICE_MEMORY_ISOLATION", None, False,
           "limit each pod's GPU memory through the driver's per-cgroup limits (driver r615, "
           "cgroup v2) where the node can; the config's memoryIsolation block tunes it",
-          kind=BOOL),
+          kind=BOOL, uses="run inspect"),
     _flag("cgroup-root", "GPUSLICE_CGROUP_ROOT", None, "/sys/fs/cgroup",
-          "where the host's cgroup v2 tree is mounted, watched for pods' cgroups "
-          "(--memory-isolation)", uses="run inspect"),
+          "where the host's cgroup v2 tree is mounted, searched for the kubelet's kubepods "
+          "cgroup and watched for pods' cgroups (--memory-isolation)", uses="run inspect"),
     _flag("memory-budget-policy", "GPUSLICE_MEMORY_BUDGET_POLICY", None, "report",
           "what to do with a container over its GPU memory budget on a time-sliced replica: "
           "report, unhealthy (hold its GPU's replicas Unhealthy) or terminate (SIGKILL its "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.resources import AdvertisedDevice, Resource
+from gpuslice.core.sharing import MPS
 from gpuslice.core.usage import CheckpointEntry
 
 MIB = 1 << 20
@@ -88,6 +89,13 @@ def _gpu_mode(gpu: Gpu, facts: HostFacts, mps_gpus: frozenset[str]) -> GpuIsolat
     return GpuIsolation(gpu.index, gpu.uuid, DRIVER, why)
 
 
+def mps_gpus(resources: Iterable[Resource]) -> frozenset[str]:
+    """GPUs serving a replicated MPS resource: detect()'s `mps_gpus`."""
+    return frozenset(
+        d.gpu_uuid for r in resources if r.sharing == MPS and r.replicated for d in r.devices
+    )
+
+
 def pci_key(bus_id: str) -> str:
     """NVML's "00000000:3B:00.0" and sysfs's "0000:3b:00.0" as one key."""
     parts = bus_id.lower().split(":")
@@ -101,6 +109,11 @@ def node_mode(gpus: Sequence[GpuIsolation]) -> str:
     if not gpus:
         return NONE
     return max((g.mode for g in gpus), key=MODES.index)
+
+
+def labels(gpus: Sequence[GpuIsolation]) -> dict[str, str]:
+    """The node label the agent publishes beside GFD's once the GPUs' modes are known."""
+    return {LABEL: node_mode(gpus)} if gpus else {}
 
 
 def missing_line(gpus: Sequence[GpuIsolation]) -> str:
@@ -177,6 +190,16 @@ def device_limit(device: AdvertisedDevice, resource: str, policy: MemoryPolicy) 
         return None
     hard = device.memory_mib * MIB // device.replicas if rule.hard is None else rule.hard
     return Limit(hard, min(rule.soft, hard))
+
+
+def limited_gpus(
+    gpus: Iterable[GpuIsolation], policy: MemoryPolicy, pods_missing: str = ""
+) -> frozenset[str]:
+    """GPUs whose pods get limits: the policy on, the GPU's mode enforcing, and the pods'
+    cgroups found (`pods_missing` says why not)."""
+    if not policy.enabled or pods_missing:
+        return frozenset()
+    return frozenset(g.uuid for g in gpus if g.mode in ENFORCING)
 
 
 def check_policy(resources: Sequence[Resource], policy: MemoryPolicy) -> None:

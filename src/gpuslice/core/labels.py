@@ -60,10 +60,12 @@ def label_node(
     *,
     machine: str | None = None,
     timestamp: int | None = None,
+    more: Mapping[str, str] | None = None,
 ) -> NodeLabels:
     """node_labels() with the warnings met on the way (several GPU models, an invalid
     single-strategy MIG layout, an empty MIG-enabled GPU under the mixed strategy, MPS
-    asked for on a node with MIG enabled)."""
+    asked for on a node with MIG enabled), and `more`, the agent's own labels beside
+    GFD's (core.isolation.labels). The labeller and `gpuslice inspect` both label here."""
     warnings: list[str] = []
     labels: dict[str, str] = {}
     if timestamp is not None:
@@ -80,6 +82,7 @@ def label_node(
     labels["nvidia.com/gpu.mode"] = _mode(gpus)
     labels["nvidia.com/vgpu.present"] = "false"
     labels |= resource_labels(gpus, settings, warnings.append)
+    labels |= more or {}
     return NodeLabels(dict(sorted(labels.items())), tuple(warnings))
 
 

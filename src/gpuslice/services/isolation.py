@@ -29,20 +29,21 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import (
     ENFORCING,
-    LABEL,
     GpuIsolation,
     IsolationView,
     Limit,
     PodLimit,
+    limited_gpus,
     missing_line,
+    mps_gpus,
     node_mode,
     pod_limits,
 )
 from gpuslice.core.isolation import detect as detect_modes
+from gpuslice.core.isolation import labels as isolation_labels
 from gpuslice.core.ports import DirWatch, GpuBackend, MemoryLimits, PodCgroups
 from gpuslice.core.resources import Resource
 from gpuslice.core.settings import Settings
-from gpuslice.core.sharing import MPS
 from gpuslice.core.usage import CheckpointEntry
 from gpuslice.core.waiting import first_of
 from gpuslice.services.claim_shares import ClaimShares
@@ -83,6 +84,8 @@ class Pass:
     gpus: tuple[GpuIsolation, ...]
     applied: dict[str, Applied]
     errors: list[str]
+    kubepods: tuple[str, ...]  # where the pods' cgroups were looked for
+    missing: str  # why none can be found
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,8 @@ class Isolation:
         self.applied: dict[str, Applied] = {}  # pod UID ->
         self.in_force_at: dict[str, float] = {}  # pod UID -> when its limits were first set
         self.error: str | None = None
+        self.kubepods: tuple[str, ...] = ()
+        self.pods_missing = ""  # why no pod cgroup can be found: nothing is limited
         self.passes = 0
         self.notify: Callable[[], None] | None = None  # told when the node's mode changes
         self.claims = claims if claims is not None else ClaimShares()
@@ -129,9 +134,7 @@ class Isolation:
 
     def enforced(self) -> frozenset[str]:
         """GPUs whose pods' memory the driver bounds now (the watchdog steps back there)."""
-        if not self._node.settings.memory.enabled:
-            return frozenset()
-        return frozenset(g.uuid for g in self.gpus if g.mode in ENFORCING)
+        return limited_gpus(self.gpus, self._node.settings.memory, self.pods_missing)
 
     def view(self) -> IsolationView:
         gpus = {g.uuid: g for g in self._node.snapshot.gpus} if self.gpus else {}
@@ -145,7 +148,7 @@ class Isolation:
         )
 
     def labels(self) -> dict[str, str]:
-        return {LABEL: node_mode(self.gpus)} if self.gpus else {}
+        return isolation_labels(self.gpus)
 
     def status(self) -> dict[str, object]:
         """The readiness detail: reported, never a reason to be unready."""
@@ -158,6 +161,10 @@ class Isolation:
         missing = missing_line(self.gpus)
         if missing:
             detail["missing"] = missing
+        if self.kubepods:
+            detail["kubepods"] = list(self.kubepods)
+        if self.pods_missing:
+            detail["podCgroups"] = self.pods_missing
         if self.error:
             detail["error"] = self.error
         return detail
@@ -183,7 +190,8 @@ class Isolation:
         """Converge on every change until `stop`; limits stay with their pods after it
         (a restarted agent finds them and takes over)."""
         async with contextlib.AsyncExitStack() as stack:
-            dirs = [(d, None) for d in self._cgroups.watched()] + list(self._also)
+            watched = await asyncio.to_thread(self._cgroups.watched)  # may search the tree
+            dirs = [(d, None) for d in watched] + list(self._also)
             watchers = [await stack.enter_async_context(self._watch(d, n)) for d, n in dirs]
             async with asyncio.TaskGroup() as tasks:
                 followers = [tasks.create_task(self._follow(w)) for w in watchers]
@@ -225,6 +233,7 @@ class Isolation:
             return
         now = self._clock()
         self.gpus, self.applied = done.gpus, done.applied
+        self.kubepods, self.pods_missing = done.kubepods, done.missing
         for uid in self.in_force_at.keys() - done.applied.keys():
             del self.in_force_at[uid]
         for uid, applied in done.applied.items():
@@ -245,10 +254,7 @@ class Isolation:
         limits = _limits_of(backend)
         problem = limit_problem(backend)
         resources, policy = inputs.resources, inputs.settings.memory
-        mps = frozenset(
-            d.gpu_uuid for r in resources if r.sharing == MPS and r.replicated for d in r.devices
-        )
-        gpus = detect_modes(inputs.snapshot, self._cgroups.facts(problem), mps)
+        gpus = detect_modes(inputs.snapshot, self._cgroups.facts(problem), mps_gpus(resources))
         enforcing = [g.uuid for g in gpus if g.mode in ENFORCING]
         pods = self._cgroups.pods()
         wanted: dict[str, dict[str, Limit]] = {}  # pods the kubelet's records explain
@@ -291,7 +297,7 @@ class Isolation:
                 errors += _converge_pod(limits, uid, cgroup, have, want)
             if have or held is not None:
                 applied[uid] = Applied(cgroup, have)
-        return Pass(gpus, applied, errors)
+        return Pass(gpus, applied, errors, self._cgroups.kubepods(), self._cgroups.missing())
 
     def _failed(self, error: str) -> None:
         if error != self.error:

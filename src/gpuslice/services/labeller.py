@@ -60,12 +60,12 @@ def snapshot_labels(
     async def compute() -> Mapping[str, str]:
         nonlocal seen
         snapshot, settings = await read()
-        result = label_node(snapshot, settings, machine=machine)
+        result = label_node(snapshot, settings, machine=machine, more=more and more())
         if result.warnings != seen:
             for warning in result.warnings:
                 log.warning("label_warning", detail=warning)
             seen = result.warnings
-        return {**result.labels, **more()} if more is not None else result.labels
+        return result.labels
 
     return compute
 

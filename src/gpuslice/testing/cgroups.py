@@ -1,6 +1,12 @@
 """A host's cgroup v2 tree in a directory, as the kubelet shapes it under either cgroup
-driver: the root's controller and dmem.capacity files, pod cgroups made and removed as the
-kubelet makes and removes them. The memory-isolation tests, the demo and the bench use it."""
+driver and its --cgroup-root: the root's controller and dmem.capacity files, the kubepods
+cgroup, pod cgroups made and removed as the kubelet makes and removes them. The
+memory-isolation tests, the demo and the bench use it.
+
+The kubelet names a pod's cgroup by its parts, [*cgroup root, "kubepods", qos, "pod<uid>"]
+(no qos for guaranteed pods): the cgroupfs driver joins them as directories, the systemd
+driver makes one slice per level, each named after every part so far joined by "-" (kind's
+kubelet, --cgroup-root=/kubelet: kubelet.slice/kubelet-kubepods.slice/...)."""
 
 from __future__ import annotations
 
@@ -18,9 +24,24 @@ CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc dmem"
 
 
 class CgroupTree:
-    def __init__(self, root: str | Path, driver: str = SYSTEMD) -> None:
+    def __init__(self, root: str | Path, driver: str = SYSTEMD, cgroup_root: str = "/") -> None:
         self.root = Path(root)
         self.driver = driver
+        self.cgroup_root = [p for p in cgroup_root.split("/") if p]  # the kubelet's flag
+
+    def _dir(self, *parts: str) -> Path:
+        """The directory of the cgroup named by `parts` below the kubelet's cgroup root."""
+        names = [*self.cgroup_root, *parts]
+        if self.driver == SYSTEMD:  # systemd escapes "-" within a part as "_"
+            escaped = [n.replace("-", "_") for n in names]
+            names = ["-".join(escaped[: i + 1]) + ".slice" for i in range(len(escaped))]
+        return self.root.joinpath(*names)
+
+    def make_kubepods(self) -> Path:
+        """What the kubelet makes at its start: the kubepods cgroup and its QoS levels."""
+        for qos in ("burstable", "besteffort"):
+            self._dir("kubepods", qos).mkdir(parents=True, exist_ok=True)
+        return self._dir("kubepods")
 
     def make_root(
         self, gpu_pci_ids: Iterable[str] = (), *, v2: bool = True, dmem: bool = True
@@ -36,14 +57,8 @@ class CgroupTree:
             (self.root / "dmem.capacity").write_text("".join(lines))
 
     def pod_dir(self, uid: str, qos: str = "burstable") -> Path:
-        if self.driver == SYSTEMD:
-            top = self.root / "kubepods.slice"
-            if qos == "guaranteed":
-                return top / f"kubepods-pod{uid.replace('-', '_')}.slice"
-            level = top / f"kubepods-{qos}.slice"
-            return level / f"kubepods-{qos}-pod{uid.replace('-', '_')}.slice"
-        top = self.root / "kubepods"
-        return top / f"pod{uid}" if qos == "guaranteed" else top / qos / f"pod{uid}"
+        levels = ("kubepods",) if qos == "guaranteed" else ("kubepods", qos)
+        return self._dir(*levels, f"pod{uid}")
 
     def create_pod(self, uid: str, qos: str = "burstable") -> Path:
         """What the kubelet does after admission, before the pod's sandbox."""

@@ -47,7 +47,15 @@ from gpuslice.wiring.host import host, plugin_settings
 if TYPE_CHECKING:
     from gpuslice.adapters.kube import KubeNodeApi
 
-__all__ = ["Node", "build_node", "config_entries", "isolation_facts", "label_output", "node_api"]
+__all__ = [
+    "Node",
+    "build_node",
+    "config_entries",
+    "isolation_facts",
+    "label_output",
+    "node_api",
+    "pod_cgroups",
+]
 
 Accounting = Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]]
 
@@ -127,6 +135,16 @@ def isolation_facts(opts: RunOptions, backend: GpuBackend) -> HostFacts:
     from gpuslice.adapters.cgroup_tree import PodCgroupTree
 
     return PodCgroupTree(opts.cgroup_root).facts(limit_problem(backend))
+
+
+def pod_cgroups(opts: RunOptions) -> tuple[tuple[str, ...], str]:
+    """Where the kubelet's pod cgroups are under --cgroup-root (the kubepods cgroups found),
+    or one line saying why none is found (`gpuslice inspect`)."""
+    from gpuslice.adapters.cgroup_tree import PodCgroupTree
+
+    tree = PodCgroupTree(opts.cgroup_root)
+    tree.watched()
+    return tree.kubepods(), tree.missing()
 
 
 def isolation(

@@ -496,8 +496,8 @@ def test_inspect_takes_only_what_changes_its_report() -> None:
         # --dra: the ResourceSlices of the node, named after it
         "dra", "dra-driver-name", "dra-device-plugin-resources", "dra-consumable-shares",
         "dra-taint-unhealthy", "dra-mig-devices", "node-name",
-        # the cgroup facts of each GPU's memory isolation
-        "cgroup-root",
+        # the cgroup facts of each GPU's memory isolation, the limits and the label
+        "cgroup-root", "memory-isolation",
     }  # fmt: skip
 
 

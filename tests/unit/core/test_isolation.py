@@ -18,6 +18,7 @@ from gpuslice.core.isolation import (
     check_policy,
     detect,
     driver_problem,
+    limited_gpus,
     missing_line,
     node_mode,
     pci_key,
@@ -88,6 +89,14 @@ def test_the_node_label_is_the_weakest_gpu_mode() -> None:
     modes = detect(snap(gpu(0), gpu(1, mig=True)), FULL)
     assert node_mode(modes) == NONE
     assert pci_key(PCI) == pci_key("0000:3b:00.0")
+
+
+def test_limits_need_the_policy_on_an_enforcing_mode_and_the_pods_cgroups() -> None:
+    modes = detect(snap(gpu(0), gpu(1, mig=True)), FULL)
+    on = MemoryPolicy.of(True)
+    assert limited_gpus(modes, on) == {"GPU-0"}
+    assert limited_gpus(modes, MemoryPolicy.of(False)) == frozenset()
+    assert limited_gpus(modes, on, "no kubepods cgroup under /sys/fs/cgroup") == frozenset()
 
 
 def resources(replicas: int = 4) -> tuple:  # type: ignore[type-arg]

@@ -57,8 +57,19 @@ class MemoryLimits(Protocol):
 class PodCgroups(Protocol):
     """The kubelet's pod cgroups on the host (adapters.cgroup_tree). Blocking reads."""
 
+    def kubepods(self) -> tuple[str, ...]:
+        """The kubelet's kubepods cgroups (host paths) that the last watched() or pods()
+        found, wherever its --cgroup-root and cgroup driver put them. No I/O."""
+        ...
+
+    def missing(self) -> str:
+        """One line: why the last watched() or pods() found no pod cgroup (what was
+        searched); "" when they found the kubepods cgroups. No I/O."""
+        ...
+
     def watched(self) -> tuple[str, ...]:
-        """The directories pod cgroups appear in (the QoS levels of both drivers)."""
+        """The directories pod cgroups appear in (the kubepods cgroups' QoS levels); the
+        kubepods cgroups are searched for when none is known."""
         ...
 
     def pods(self) -> dict[str, str]:
