@@ -7,7 +7,8 @@ their Node's label) cannot decide what to serve: they serve nothing and say on r
 what they wait for and the last error (connection refused, then ReadTimeout), one log line
 per kind of failure. Those with a config file serve their kubelet stand-in at once; their
 labels wait. Once the API answers on time, every agent converges: the per-node ones serve
-the entry their label names, and every NodeFeature is written.
+the entry their label names, and every NodeFeature is written. During an upgrade, a
+successor waiting so leaves its predecessor serving.
 """
 
 from __future__ import annotations
@@ -195,3 +196,49 @@ async def test_a_fleet_started_against_a_slow_api_waits_serves_what_it_can_and_c
                 rc, _ = await m.proc.wait()
                 assert rc == 0, m.proc.log
                 assert "Traceback" not in m.proc.log
+
+
+async def test_a_successor_waiting_for_the_api_leaves_its_predecessor_serving(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess], tmp_path: Path
+) -> None:
+    """An upgrade during an API outage: the new agent cannot choose its per-node config, so
+    it neither takes the device-plugin directory nor registers anything; the old one keeps
+    serving the kubelet. Once the API is back the new one reads its config, waits for the
+    old one's lock as usual, and serves the same config when the old one exits."""
+    async with FakeApiServer() as server:
+        server.put_config_map(NS, CM, {"ts-4": time_slicing(4)})
+        server.put_node("gpu-node-00", {DEFAULT_LABEL: "ts-4"})
+        kubeconfig = write_kubeconfig(tmp_path, server.url)
+        port = int(server.url.rsplit(":", 1)[1])
+
+        async def start(pod: str) -> AgentProcess:
+            proc = await AgentProcess.start(
+                ["--fake-hardware", "t4", "--config-map", CM, "--namespace", NS,
+                 "--node-name", "gpu-node-00", "--kubeconfig", kubeconfig, "--labels", "false",
+                 "--kubelet-socket", os.path.join(plugin_dir, "kubelet.sock")],
+                env=clean_env(NO_PROXY="127.0.0.1", no_proxy="127.0.0.1", POD_NAME=pod),
+            )  # fmt: skip
+            processes.append(proc)
+            return proc
+
+        old = await start("gpuslice-old")
+        await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), WITHIN_S)
+        await server.close()  # the API goes away
+        new = await start("gpuslice-new")
+        waiting = await new.wait_for_line("api_first_read_waiting", WITHIN_S)
+        assert "unreachable" in waiting, waiting
+        assert len(kubelet.registrations) == 1  # the old one's only
+        assert serving(kubelet, {GPU: 4})
+        assert not any("plugin_dir_locked_waiting" in line for line in new.lines)
+
+        await server.start(port)  # back: the new one reads its config, then waits its turn
+        await new.wait_for_line("plugin_dir_locked_waiting", WITHIN_S)
+        assert serving(kubelet, {GPU: 4})
+        old.signal(signal.SIGTERM)
+        rc, _ = await old.wait()
+        assert rc == 0, old.log
+        await kubelet.wait_for(lambda k: serving(k, {GPU: 4}) and len(k.registrations) > 1, 30)
+        assert new.proc.returncode is None, new.log
+        new.signal(signal.SIGTERM)
+        rc, _ = await new.wait()
+        assert rc == 0, new.log
