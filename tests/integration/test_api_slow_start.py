@@ -19,7 +19,7 @@ import json
 import os
 import re
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def alive(members: list[Member]) -> None:
     assert not exited, f"agents exited: {exited}\n{members[0].proc.log}"
 
 
-async def each(members: list[Member], check: Any) -> None:
+async def each(members: list[Member], check: Callable[[Member], Awaitable[None]]) -> None:
     async with asyncio.timeout(WITHIN_S):
         await asyncio.gather(*(check(m) for m in members))
 

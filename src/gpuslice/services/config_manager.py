@@ -85,7 +85,7 @@ class ConfigManager(Generic[S]):
         fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
         debounce_s: float = DEBOUNCE_S,
         metrics: Metrics = NO_METRICS,
-        api_wait: ApiWait | None = None,  # how first reads the API fails are retried
+        api_wait: ApiWait | None = None,  # how first reads the API failed are tried again
     ) -> None:
         self._api_wait = api_wait or ApiWait()
         self._selector: Selector = (
