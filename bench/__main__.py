@@ -27,6 +27,7 @@ from bench import (
     dra,
     events,
     fleet,
+    fleet_start,
     isolation,
     listing,
     memory,
@@ -57,6 +58,7 @@ GROUPS: dict[str, Group] = {
     "advise": (advise.FIGURES, advise.run),
     "isolation": (isolation.FIGURES, isolation.run),
     "fleet": (fleet.FIGURES, fleet.run),
+    "fleet_start": (fleet_start.FIGURES, fleet_start.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

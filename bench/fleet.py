@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from httpx2 import Timeout
 from lightkube import AsyncClient, KubeConfig
 
 from bench.harness import MS, Figure, S, Target, now, percentile
@@ -45,6 +46,7 @@ from bench.rigs import scratch
 from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import LoadedConfig
+from gpuslice.services.api_wait import ApiWait
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.config_source import DEFAULT_ANNOTATION, ConfigMapEntries
 from gpuslice.services.labeller import Labeller, NodeFeatureSink
@@ -120,9 +122,13 @@ OLD = Timings((240, 240), (0.0, 0.0), 30.0)
 async def agent(
     server: FakeApiServer, kubeconfig: str, fleet: Fleet, node: str, timings: Timings,
     stop: asyncio.Event, seed: int, speedup: float,
+    *, api_wait: ApiWait | None = None, timeout_s: float = 10.0,
 ) -> None:  # fmt: skip
-    """One agent until `stop`: the config manager and the labeller over one KubeNodeApi."""
-    client = AsyncClient(config=KubeConfig.from_file(kubeconfig), trust_env=False)
+    """One agent until `stop`: the config manager and the labeller over one KubeNodeApi
+    (`api_wait`: how its first reads wait out the API; `timeout_s`: its client's)."""
+    client = AsyncClient(
+        config=KubeConfig.from_file(kubeconfig), trust_env=False, timeout=Timeout(timeout_s)
+    )
     rand = random.Random(seed)
     api = KubeNodeApi(
         client,
@@ -157,7 +163,7 @@ async def agent(
         await fleet.record(node, settings)
 
     entries = ConfigMapEntries(api, NS, fleet.config_map)
-    manager = ConfigManager(api, node, entries, to_settings, apply)
+    manager = ConfigManager(api, node, entries, to_settings, apply, api_wait=api_wait)
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(manager.run(stop))

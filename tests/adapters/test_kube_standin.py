@@ -5,21 +5,23 @@ while NFD's CRD is missing. Checked through lightkube, the client the agent uses
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from kube_fakes import FakeApiServer, Grant, fake_client
-from lightkube import AsyncClient
+from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 
 from gpuslice.adapters.kube.session import NodeFeature
-from gpuslice.testing.apiserver import Access, access_of
+from gpuslice.testing.apiserver import Access, access_of, write_kubeconfig
 
 NS = "gpu-ops"
 
@@ -141,3 +143,24 @@ def test_the_standin_needs_only_the_standard_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['gpuslice']"
+
+
+async def test_a_late_server_answers_past_a_client_timeout_until_it_is_on_time_again(
+    server: FakeApiServer, client: AsyncClient, tmp_path: Path
+) -> None:
+    """answer_late holds every request (a loaded server): a client that waits less times
+    out as against a real one; on_time lets the held requests through at once."""
+    config = KubeConfig.from_file(write_kubeconfig(tmp_path, server.url))
+    impatient = AsyncClient(config=config, trust_env=False, timeout=httpx2.Timeout(0.2))
+    server.answer_late(60.0)
+    try:
+        with pytest.raises(httpx2.ReadTimeout):
+            await impatient.get(Node, "n1")
+        held = asyncio.ensure_future(client.get(Node, "n1"))  # waits up to 10 s
+        await server.wait_for(lambda s: len(s.of("GET", "/nodes/n1")) == 2)
+        assert not held.done()
+        server.on_time()
+        assert (await held).metadata.name == "n1"
+        assert (await impatient.get(Node, "n1")).metadata.name == "n1"
+    finally:
+        await impatient.close()

@@ -55,6 +55,8 @@ FIGURES = {
     "fleet_idle_requests",
     "fleet_switch_p99",
     "fleet_restart_recovery",
+    "fleet_slow_start_exits",
+    "fleet_slow_start",
 }
 
 

@@ -39,6 +39,11 @@ class Backoff:
 # kubelet.sock appears). Also how often a socket another plugin serves is looked at.
 REGISTER_RETRY = Backoff(first_s=0.5, max_s=10.0)
 
+# A first read the Kubernetes API did not answer (slow, away, erring) at start: tried again
+# at this pace, jittered, for as long as it takes. A read that timed out already took the
+# client's timeout, so the cap adds little load on a struggling server.
+API_FIRST_READ = Backoff(first_s=0.5, max_s=10.0)
+
 
 @dataclass(frozen=True)
 class RestartBudget:

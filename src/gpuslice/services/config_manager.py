@@ -19,6 +19,9 @@ entry of the ConfigMap read through the API that does not load is the same probl
 node, so it is reported once for the cluster, on the ConfigMap. Without a last good config
 (at start) the error is raised to the caller. A source that cannot be followed (the API
 unreachable, the watch refused) changes nothing served: `status` says so until it recovers.
+At start, first reads the API does not answer (slow, away, erring, refusing) are tried
+again until they work (services.api_wait): nothing is chosen meanwhile, and `status` says
+what is waited for and the last error; the agent never exits for it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import Metrics
 from gpuslice.core.selection import DEFAULT_FALLBACKS, DEFAULT_LABEL, Choice
 from gpuslice.core.waiting import first_of, unless_stopped
+from gpuslice.services.api_wait import ApiWait, until_read
 from gpuslice.services.config_selector import (
     FileSelector,
     LabelSelector,
@@ -57,6 +61,7 @@ __all__ = ["ConfigManager", "ConfigStatus", "NoCluster", "NodeLabelSource"]
 log = structlog.get_logger("gpuslice.config")
 
 S = TypeVar("S")
+T = TypeVar("T")
 REJECTED_REASON = "ConfigRejected"
 DEBOUNCE_S = 0.1
 
@@ -80,7 +85,9 @@ class ConfigManager(Generic[S]):
         fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
         debounce_s: float = DEBOUNCE_S,
         metrics: Metrics = NO_METRICS,
+        api_wait: ApiWait | None = None,  # how first reads the API failed are tried again
     ) -> None:
+        self._api_wait = api_wait or ApiWait()
         self._selector: Selector = (
             FileSelector()
             if label is None
@@ -182,10 +189,18 @@ class ConfigManager(Generic[S]):
 
     async def _open(self, opened: contextlib.AsyncExitStack) -> AsyncIterator[str]:
         """The entries' changes (after the source's first read), once the selector's
-        first read is done too."""
-        entry_changes = await opened.enter_async_context(self._entries.changes())
-        await self._selector.open()
+        first read is done too; each first read waits out the API (services.api_wait)."""
+        entry_changes = await self._until_read(
+            lambda: opened.enter_async_context(self._entries.changes()), self._entries.where
+        )
+        await self._until_read(self._selector.open, f"Node {self._node}")
         return entry_changes
+
+    async def _until_read(self, read: Callable[[], Awaitable[T]], what: str) -> T:
+        def waiting(detail: str) -> None:
+            self._standing.waiting(None, detail)
+
+        return await until_read(read, what, waiting, self._api_wait)
 
     async def _start(self) -> None:
         await self._refresh("start")

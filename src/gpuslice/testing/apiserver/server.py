@@ -30,7 +30,10 @@ watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-s
 end_watches: a clean end, as on the server's timeout), injects failures (fail_next),
 answers with broken bodies (corrupt_next: bytes that are not JSON, or a body that says
 gzip and is not), never answers (stall_next: the request is read and left hanging until
-close()), and inspects every request it received, with the status code it was answered.
+close()), answers late (answer_late: every request held a while before it is handled, as by
+a loaded server, past a client's read timeout if long enough; on_time ends it and lets the
+held ones through), and inspects every request it received, with the status code it was
+answered.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ class FakeApiServer:
         self._failures: list[tuple[str, str, int]] = []
         self._corruptions: list[tuple[str, str, str | bytes]] = []
         self._stalls: list[tuple[str, str]] = []
+        self.late_s = 0.0  # answer_late: how long each request is held before it is handled
+        self._on_time = asyncio.Event()
         self._arrived = asyncio.Condition()
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -284,6 +289,16 @@ class FakeApiServer:
         """Never answer the next `method` request whose path contains `path_part`."""
         self._stalls.append((method, path_part))
 
+    def answer_late(self, seconds: float) -> None:
+        """Hold every request `seconds` before handling it, until on_time()."""
+        self.late_s = seconds
+        self._on_time = asyncio.Event()
+
+    def on_time(self) -> None:
+        """Answer at once again; the requests held now go through."""
+        self.late_s = 0.0
+        self._on_time.set()
+
     # inspection
 
     def of(self, method: str, path_part: str = "") -> list[Request]:
@@ -346,6 +361,10 @@ class FakeApiServer:
                       json.loads(raw) if raw else None)  # fmt: skip
         self.requests.append(req)
         await self._changed()
+        if self.late_s:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.late_s):
+                    await self._on_time.wait()
         refused = self._refusal(req)
         if refused is None:
             for failure in self._failures:
