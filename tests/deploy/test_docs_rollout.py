@@ -165,3 +165,26 @@ def test_the_readme_offers_a_quick_check_and_keeps_the_full_run_for_ci() -> None
         assert all((ROOT / a).exists() for a in args if not a.startswith("-")), args
     assert "python3 dev.py test\n" in (ROOT / ".ci" / "run").read_text()
     assert "every argument after `test`" in readme
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown text's headings (outside code blocks)."""
+    headings = re.findall(r"(?m)^#{1,6} (.+)$", FENCE.sub("", text))
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_link_reaches_a_file_and_its_heading(doc: Path) -> None:
+    """Sections moved between pages (install.md's internals to upgrades.md and agent-pod.md)
+    leave no link behind."""
+    for target in LINK.findall(FENCE.sub("", doc.read_text())):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path) if path else doc
+        assert file.exists(), f"{doc.name}: {target}"
+        if anchor and file.suffix == ".md":
+            assert anchor in anchors(file.read_text()), f"{doc.name}: {target}"
