@@ -234,6 +234,8 @@ def _flag_schema(name: str) -> dict[str, Any]:
     flag = FLAGS_BY_NAME[name]
     env = flag.env[0]
     description = f"{flag.help} ({env}); null: the config file decides"
+    if "run" not in flag.uses:  # `gpuslice run --help` lists it as accepted without effect
+        description = f"NVIDIA's value, passed on as {env}, which the agent accepts without effect"
     if flag.kind == BOOL:
         return {"type": ["boolean", "null"], "description": description}
     if flag.kind == LIST and not flag.choices:

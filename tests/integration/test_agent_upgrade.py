@@ -8,7 +8,7 @@ old agent's stream then ends, the stand-in (as the kubelet) drops the successor'
 which registers again at once. Allocatable is 0 only for that second registration
 (milliseconds, where a successor started after the old agent took its whole start-up);
 a pod admitted inside that window still fails, as it would with the kubelet, whose code
-leaves no hand-over without one (docs/install.md, "Upgrades")."""
+leaves no hand-over without one (docs/upgrades.md)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ async def test_a_second_agent_waits_for_the_first_and_serves_once_it_exits(
     assert rc == 0, first.log
     exited = time.monotonic()
     # The hand-over: the second registers while the first still streams, and again when
-    # the first one's stream ends and the kubelet drops it (docs/install.md, "Upgrades").
+    # the first one's stream ends and the kubelet drops it (docs/upgrades.md).
     await kubelet.wait_for(lambda k: registrations(k)[GPU] == 3 and serving(k, {GPU: 4}), 15)
     print(f"first agent exited -> second registered in {time.monotonic() - exited:.2f} s")
     assert [(s.old_endpoint, s.new_endpoint) for s in kubelet.stale_streams] == [
