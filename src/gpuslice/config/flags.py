@@ -169,7 +169,8 @@ FLAGS: tuple[Flag, ...] = (
           "cdi.k8s.io/", "prefix of the CDI annotations"),
     _flag("nvidia-cdi-hook-path", "NVIDIA_CDI_HOOK_PATH NVIDIA_CTK_PATH",
           "flags.plugin.nvidiaCTKPath", "/usr/bin/nvidia-ctk",
-          "path of the CDI hook written into CDI specs", aliases=("--nvidia-ctk-path",),
+          "path of NVIDIA's CDI hook (accepted, no effect: the generated specs have no "
+          "hooks)", aliases=("--nvidia-ctk-path",),
           uses="", accepts="run"),
     _flag("driver-root-ctr-path", "DRIVER_ROOT_CTR_PATH CONTAINER_DRIVER_ROOT",
           "flags.plugin.containerDriverRoot", "/driver-root",
