@@ -422,6 +422,13 @@ UPSTREAM = {
     "mps-control-binary": ("GPUSLICE_MPS_CONTROL_BINARY", None),
     "mps-control-socket": ("GPUSLICE_MPS_CONTROL_SOCKET", None),
     "mps-pinned-memory-limit": ("GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None),
+    # `gpuslice advise`
+    "prometheus": ("GPUSLICE_PROMETHEUS_URL", None),
+    "prometheus-bearer-token-file": ("GPUSLICE_PROMETHEUS_BEARER_TOKEN_FILE", None),
+    "prometheus-ca-file": ("GPUSLICE_PROMETHEUS_CA_FILE", None),
+    "prometheus-cert-file": ("GPUSLICE_PROMETHEUS_CERT_FILE", None),
+    "prometheus-key-file": ("GPUSLICE_PROMETHEUS_KEY_FILE", None),
+    "prometheus-insecure-skip-verify": ("GPUSLICE_PROMETHEUS_INSECURE_SKIP_VERIFY", None),
 }
 
 
