@@ -432,7 +432,14 @@ def validate(path: str, config_name: str | None) -> None:
             continue
         for warning in result.warnings:  # each already names its config
             click.echo(f"warning: {warning}", err=True)
-        click.echo(f"{result.source or path}: valid")
+        if result.blank:
+            click.echo(
+                f"{result.source or path}: valid, and empty: every setting takes its default "
+                "(once a config with content is in force, an empty one replacing it is "
+                "refused as a cut-short write; write `version: v1` to mean the defaults)"
+            )
+        else:
+            click.echo(f"{result.source or path}: valid")
         click.echo(describe(result.config))
     if any(isinstance(result, GpusliceError) for result in results):
         sys.exit(1)
