@@ -6,8 +6,10 @@ one architecture, and for two published under one tag (a manifest list)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -181,3 +183,47 @@ def test_build_sh_says_what_another_architecture_needs(tmp_path: Path) -> None:
     assert (wrong.returncode, wrong.stderr) == (
         2, "build.sh: error: ARCH s390x: expected amd64 or arm64\n"
     )
+
+
+def buildah(*args: str) -> str:
+    return subprocess.run(
+        ["buildah", *args], capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
+    ).stdout  # fmt: skip
+
+
+def test_the_manifest_steps_gather_both_architectures_and_push_them(tmp_path: Path) -> None:
+    """release.py's own manifest commands, run by real buildah over an image of each
+    architecture (empty ones standing in for build.sh's), gather both in one list, and its
+    push command (to an OCI layout here rather than a registry) sends both with the list."""
+    if shutil.which("buildah") is None:
+        why = "buildah not installed (apt-get install buildah)"
+        if os.environ.get("GPUSLICE_REQUIRE_IMAGE_TEST") == "1":
+            pytest.fail(f"GPUSLICE_REQUIRE_IMAGE_TEST=1 but {why}")
+        pytest.skip(why)
+    rel = release()
+    name = f"localhost/gpuslice-release-test-{os.getpid()}"
+    digest = tmp_path / "list.digest"
+    steps, images, listed = rel.image_steps(
+        "0.0.0", ["amd64", "arm64"], 0, image=f"{name}:0.0.0", push=name, digest=digest
+    )
+    try:
+        for arch, image in images.items():
+            box = buildah("from", "scratch").strip()
+            buildah("config", "--arch", arch, "--os", "linux", box)
+            buildah("commit", "--quiet", "--rm", box, image)
+        *manifest, push = [step for step in steps if step.argv[0] == "buildah"]
+        for step in manifest:
+            rel.run_step(step)
+        found = json.loads(buildah("manifest", "inspect", listed))["manifests"]
+        assert sorted(m["platform"]["architecture"] for m in found) == ["amd64", "arm64"]
+        assert push.argv[-1] == f"docker://{listed}"
+        rel.run_step(push._replace(argv=[*push.argv[:-1], f"oci:{tmp_path / 'layout'}"]))
+        index = json.loads((tmp_path / "layout" / "index.json").read_text())
+        (pushed,) = index["manifests"]
+        assert pushed["digest"] == digest.read_text().strip()
+        blob = tmp_path / "layout" / "blobs" / "sha256" / pushed["digest"].split(":")[1]
+        assert len(json.loads(blob.read_text())["manifests"]) == 2
+    finally:
+        for image in [listed, *images.values()]:
+            subprocess.run(["buildah", "rmi", image], capture_output=True, check=False)
