@@ -208,8 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=arch_list, default=None, metavar="ARCH,...",
                         help=f"the image's architectures, of {', '.join(ARCHES)} "
                         "(default: this machine's)")  # fmt: skip
-    parser.add_argument("--push", type=repository, default=None, metavar="REPOSITORY",
-                        help="publish the images under one tag (the version) to this repository")
+    parser.add_argument(
+        "--push",
+        type=repository,
+        default=None,
+        metavar="REPOSITORY",
+        help="publish the images under one tag (the version) to this repository",
+    )
     parser.add_argument("--dry-run", action="store_true",
                         help="print the image's commands, run nothing")  # fmt: skip
     opts = parser.parse_args(argv)
@@ -218,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     record = opts.dist / f"gpuslice-{version}.image"
     image = os.environ.get("IMAGE", f"localhost/gpuslice:{version}")
     arches = opts.arch or [host_arch()]
+    digest = record.with_suffix(".digest").absolute()  # the steps run in ROOT
+    if digest.is_relative_to(ROOT):
+        digest = digest.relative_to(ROOT)
     steps, images, listed = image_steps(version, arches, epoch, image=image, push=opts.push or "",
-                                        digest=record.with_suffix(".digest"))  # fmt: skip
+                                        digest=digest)  # fmt: skip
     if opts.dry_run:
         print("\n".join(step.shell() for step in steps))
         return 0

@@ -78,8 +78,8 @@ def demo_advice(pods: int = 8) -> str:
     from gpuslice.testing.prometheus import SyntheticPrometheus
 
     with SyntheticPrometheus(pods) as fake:
-        table = run_advise(PrometheusAccess(fake.url), window="1d", step="30s", min_samples=120, namespace="",
-                           output="table", end=1_800_000_000)  # fmt: skip
+        table = run_advise(PrometheusAccess(fake.url), window="1d", step="30s", min_samples=120,
+                           namespace="", output="table", end=1_800_000_000)  # fmt: skip
     return (
         f"gpuslice advise over a synthetic Prometheus: {pods} pods' series, one day at 30 s\n\n"
         + table

@@ -149,9 +149,11 @@ def test_two_architectures_are_published_under_one_tag(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--arch", "x86_64"], "argument --arch: 'x86_64': expected architectures from amd64, arm64"),
+        (["--arch", "x86_64"],
+         "argument --arch: 'x86_64': expected architectures from amd64, arm64"),
         (["--arch", "arm64,arm64"], "comma-separated, once each"),
-        (["--push", "registry.example.com/gpuslice:1.0"], "no transport, no tag: the tag is the version"),
+        (["--push", "registry.example.com/gpuslice:1.0"],
+         "no transport, no tag: the tag is the version"),
         (["--push", "docker://registry.example.com/gpuslice"], "no transport, no tag"),
     ],
 )  # fmt: skip
@@ -173,7 +175,9 @@ def test_build_sh_says_what_another_architecture_needs(tmp_path: Path) -> None:
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"build.sh: error: building {other} on ")
-    assert f"{tmp_path}/{handler} is not an enabled handler: apt-get install qemu-user-static" in line
+    assert (
+        f"{tmp_path}/{handler} is not an enabled handler: apt-get install qemu-user-static" in line
+    )
     (tmp_path / handler).write_text("disabled\ninterpreter /usr/libexec/qemu-binfmt/x\n")
     again = subprocess.run(build, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert again.returncode == 1
@@ -181,7 +185,8 @@ def test_build_sh_says_what_another_architecture_needs(tmp_path: Path) -> None:
     wrong = subprocess.run(build, env={**env, "ARCH": "s390x"}, capture_output=True, text=True,
                            timeout=60, check=False)  # fmt: skip
     assert (wrong.returncode, wrong.stderr) == (
-        2, "build.sh: error: ARCH s390x: expected amd64 or arm64\n"
+        2,
+        "build.sh: error: ARCH s390x: expected amd64 or arm64\n",
     )
 
 

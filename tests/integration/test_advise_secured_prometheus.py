@@ -156,10 +156,14 @@ async def test_a_client_certificate(prometheus_port: int, pki: Pki) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--prometheus-cert-file", "c.pem"], "--prometheus-key-file (GPUSLICE_PROMETHEUS_KEY_FILE) go together"),
-        (["--prometheus-ca-file", "ca.pem"], "need an https:// URL; --prometheus is 'http://127.0.0.1:1'"),
-        (["--prometheus-bearer-token-file", "/nonexistent"], "/nonexistent: No such file or directory"),
-        (["--prometheus-bearer-token-file", "/dev/zero"], "is a character device, not a regular file"),
+        (["--prometheus-cert-file", "c.pem"],
+         "--prometheus-key-file (GPUSLICE_PROMETHEUS_KEY_FILE) go together"),
+        (["--prometheus-ca-file", "ca.pem"],
+         "need an https:// URL; --prometheus is 'http://127.0.0.1:1'"),
+        (["--prometheus-bearer-token-file", "/nonexistent"],
+         "/nonexistent: No such file or directory"),
+        (["--prometheus-bearer-token-file", "/dev/zero"],
+         "is a character device, not a regular file"),
     ],
 )  # fmt: skip
 async def test_credentials_that_cannot_be_used_are_one_line(args: list[str], said: str) -> None:

@@ -27,7 +27,9 @@ def bearer_token(path: str) -> str:
     try:
         token = read_text(path, limit=MAX_TOKEN).strip()
     except OSError as exc:
-        raise AccessError(f"{named('prometheus-bearer-token-file')} {path}: {reason(exc)}") from None
+        raise AccessError(
+            f"{named('prometheus-bearer-token-file')} {path}: {reason(exc)}"
+        ) from None
     if not token or not token.isascii() or not token.isprintable():
         why = "is empty" if not token else "holds characters a token cannot have"
         raise AccessError(f"{named('prometheus-bearer-token-file')} {path}: {why}")
@@ -95,4 +97,3 @@ def _pem(flag: str, path: str) -> str:
 
 def _words(exc: BaseException) -> str:
     return " ".join(_SOURCE.sub("", str(exc)).split())[:200]
-
