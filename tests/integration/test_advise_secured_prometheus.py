@@ -168,3 +168,25 @@ async def test_a_client_certificate(prometheus_port: int, pki: Pki) -> None:
 )  # fmt: skip
 async def test_credentials_that_cannot_be_used_are_one_line(args: list[str], said: str) -> None:
     assert said in one_line(await advise("http://127.0.0.1:1", *args))
+
+
+async def test_unusable_tls_and_token_files_are_one_line(tmp_path: Path) -> None:
+    """Said before anything is sent: a CA file that is not PEM, a key that is not the
+    certificate's, an empty token (a Secret not filled in yet)."""
+    url = "https://127.0.0.1:1"
+    text = tmp_path / "ca.pem"
+    text.write_text("not a certificate\n")
+    assert one_line(await advise(url, "--prometheus-ca-file", str(text))) == (
+        f"gpuslice: error: --prometheus-ca-file (GPUSLICE_PROMETHEUS_CA_FILE) {text}: not PEM "
+        "(no -----BEGIN line)"
+    )
+    pki = make_pki(tmp_path / "pki")
+    cert, key = pki.client[0], pki.other_client[1]
+    line = one_line(await advise(url, "--prometheus-cert-file", str(cert),
+                                 "--prometheus-key-file", str(key)))  # fmt: skip
+    assert f"{cert} with --prometheus-key-file (GPUSLICE_PROMETHEUS_KEY_FILE) {key}: not a " in line
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    assert one_line(await advise(url, "--prometheus-bearer-token-file", str(empty))).endswith(
+        f"{empty}: is empty"
+    )
