@@ -8,7 +8,9 @@ nothing is built at install time) from whatever index pip is configured with, th
 gets a `--hash=sha256:` line for the wheel pip chose, as `pip hash` prints it. Comments and
 order are kept; hashes already there are replaced. Run it after changing a lock. The wheels
 are those for this machine's Python and platform (CPython 3.11, x86_64 Linux): the ones dev.py,
-CI and the image install.
+CI and the image install. The image's lock (runtime.lock) also pins the wheels of its other
+architecture, aarch64 (the arm64 image), so deploy/image/build.sh fetches them with
+--require-hashes on any machine.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from pathlib import Path
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 HASH_LINE = re.compile(r"^\s+--hash=sha256:[0-9a-f]{64}\s*\\?\s*$")
+# pip's options for CPython 3.11 wheels of another platform, by lock file name
+AARCH64 = ["--platform", "manylinux2014_aarch64", "--platform", "manylinux_2_17_aarch64",
+           "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11",
+           "--implementation", "cp"]  # fmt: skip
+FOREIGN = {"runtime.lock": [AARCH64]}
 
 
 def canonical(name: str) -> str:
@@ -42,18 +49,22 @@ def strip_hashes(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def wheel_hashes(text: str) -> dict[str, list[str]]:
-    """Canonical name -> sha256 of the wheels pip downloads for the lock's pins."""
-    with tempfile.TemporaryDirectory(prefix="lock-hashes-") as tmp:
-        reqs = Path(tmp) / "pins.txt"
-        reqs.write_text("".join(f"{n}=={v}\n" for n, v in pins(text)))
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-        only = ["--only-binary=:all:", "--disable-pip-version-check"]
-        subprocess.run([*pip, *only, "-r", str(reqs), "-d", tmp], check=True)
-        found: dict[str, list[str]] = {}
-        for wheel in sorted(Path(tmp).glob("*.whl")):
-            name = canonical(wheel.name.split("-")[0])
-            found.setdefault(name, []).append(hashlib.sha256(wheel.read_bytes()).hexdigest())
+def wheel_hashes(text: str, platforms: list[list[str]] | None = None) -> dict[str, list[str]]:
+    """Canonical name -> sha256 of the wheels pip downloads for the lock's pins: this
+    machine's, then those of each further platform (pip options) given."""
+    found: dict[str, list[str]] = {}
+    for platform in [[], *(platforms or [])]:
+        with tempfile.TemporaryDirectory(prefix="lock-hashes-") as tmp:
+            reqs = Path(tmp) / "pins.txt"
+            reqs.write_text("".join(f"{n}=={v}\n" for n, v in pins(text)))
+            pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+            only = ["--only-binary=:all:", "--disable-pip-version-check", *platform]
+            subprocess.run([*pip, *only, "-r", str(reqs), "-d", tmp], check=True)
+            for wheel in sorted(Path(tmp).glob("*.whl")):
+                digests = found.setdefault(canonical(wheel.name.split("-")[0]), [])
+                digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+                if digest not in digests:  # a pure-Python wheel serves every platform
+                    digests.append(digest)
     return found
 
 
@@ -79,7 +90,8 @@ def main(argv: list[str]) -> int:
         return 2
     for path in map(Path, argv):
         text = path.read_text()
-        path.write_text(with_hashes(text, wheel_hashes(strip_hashes(text))))
+        hashes = wheel_hashes(strip_hashes(text), FOREIGN.get(path.name))
+        path.write_text(with_hashes(text, hashes))
         print(f"lock_hashes: {path}: {len(pins(text))} pins hashed")
     return 0
 

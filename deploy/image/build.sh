@@ -20,9 +20,15 @@
 # the last commit's time, so two builds of one commit in one run give the same image digest.
 #
 # Environment:
+#   ARCH         the image's architecture, amd64 or arm64 (default: this machine's). Another
+#                machine's needs its programs run through qemu: binfmt_misc with qemu-user-static
+#                (Debian's maintainer scripts in mmdebstrap, pip in the image's RUN step)
 #   IMAGE        the tag to build (default localhost/gpuslice:<version from pyproject.toml>)
-#   BASE_IMAGE   the base the Dockerfile's FROM names (default localhost/gpuslice-base:bookworm)
-#   BASE_PACKAGES_LIST  the recorded package list (default deploy/image/base-packages.list)
+#   BASE_IMAGE   the base the Dockerfile's FROM names (default localhost/gpuslice-base:bookworm,
+#                bookworm-<arch> for an ARCH other than amd64)
+#   BASE_PACKAGES_LIST  the recorded package list (default deploy/image/base-packages.list,
+#                base-packages-<arch>.list for an ARCH other than amd64)
+#   BINFMT_DIR   where the kernel lists its binfmt_misc handlers (default /proc/sys/fs/binfmt_misc)
 #   PYTHON       a Python 3.11 with pip, to fetch and build the wheels (default python3)
 #   SOURCE_URL   org.opencontainers.image.source (default: the git remote "origin", if any)
 #   SOURCE_DATE_EPOCH  every timestamp in the image (default: the last commit's time)
@@ -35,11 +41,36 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work="$here/.build"
-base_image=${BASE_IMAGE:-localhost/gpuslice-base:bookworm}
+case $(uname -m) in
+    x86_64) host_arch=amd64 ;;
+    aarch64 | arm64) host_arch=arm64 ;;
+    *) host_arch=$(uname -m) ;;
+esac
+arch=${ARCH:-$host_arch}
+case $arch in
+    amd64) qemu=qemu-x86_64 suffix="" machine=x86_64 ;;
+    arm64) qemu=qemu-aarch64 suffix=-arm64 machine=aarch64 ;;
+    *) echo "build.sh: error: ARCH $arch: expected amd64 or arm64" >&2; exit 2 ;;
+esac
+# the tags of CPython 3.11 wheels for Linux on that machine, as tools/lock_hashes.py pins them
+wheel_platforms=(--platform "manylinux2014_$machine" --platform "manylinux_2_17_$machine"
+    --platform "manylinux_2_28_$machine" --python-version 3.11 --implementation cp)
+if [[ $arch == "$host_arch" ]]; then
+    wheel_platforms=()  # this machine's own wheels, as pip picks them
+else
+    # Another architecture's programs run here only through a binfmt_misc handler: Debian's
+    # qemu-user-static registers one per architecture, with the F flag so it works in chroots.
+    binfmt=${BINFMT_DIR:-/proc/sys/fs/binfmt_misc}/$qemu
+    if ! grep -qs '^enabled' "$binfmt"; then
+        echo "build.sh: error: building $arch on $host_arch runs $arch programs (Debian's maintainer scripts, pip in the image) through qemu, and $binfmt is not an enabled handler: apt-get install qemu-user-static binfmt-support on the host (a container sees the host's handlers), or build on an $arch machine" >&2
+        exit 1
+    fi
+fi
+base_image=${BASE_IMAGE:-localhost/gpuslice-base:bookworm$suffix}
 python=${PYTHON:-python3}
 pip_version=25.3 # runs the install inside the build stage; never part of the image
 pip_sha256=9655943313a94722b7774661c21049070f6bbb0a1516bf02f7c8d5d9201514cd
-recorded=${BASE_PACKAGES_LIST:-$here/base-packages.list}
+recorded=${BASE_PACKAGES_LIST:-$here/base-packages$suffix.list}
 packages_label=io.gpuslice.base-packages
 rebuild_base=0
 refresh_base=0
@@ -84,7 +115,7 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
     # No mirror named: mmdebstrap uses Debian's archive with bookworm-updates and -security, and
     # takes the newest version of each package. SOURCE_DATE_EPOCH makes mmdebstrap clamp every
     # mtime and drop its logs, so the same packages give the same tar.
-    mmdebstrap --quiet --variant=essential --include=python3,libstdc++6,ca-certificates \
+    mmdebstrap --quiet --variant=essential --architectures="$arch" --include=python3,libstdc++6,ca-certificates \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --aptopt='APT::Install-Recommends "false"' \
         --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -106,6 +137,7 @@ if [[ $rebuild_base == 1 ]] || ! buildah inspect --type image "$base_image" >/de
         --label org.opencontainers.image.description="Debian bookworm with python3, from deploy/image/build.sh" \
         --label "$packages_label=$(paste -sd' ' "$work/base-packages.list")" \
         "$ctr"
+    buildah config --arch "$arch" --os linux "$ctr"
     buildah commit --quiet --rm --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$base_image" >/dev/null
     rm -f "$tarball"
     echo "build.sh: base $base_image built in $(since "$start") s"
@@ -115,10 +147,12 @@ fi
 
 # The package list the base holds, compared with the one last recorded: reported, never fatal.
 got=$(buildah inspect --type image --format "{{index .OCIv1.Config.Labels \"$packages_label\"}}" "$base_image")
-if [[ -z $got || $got == "<no value>" ]]; then
+if [[ ! -f $recorded && $refresh_base == 0 ]]; then
+    echo "build.sh: note: no package list recorded for $arch in $recorded; deploy/image/build.sh --refresh-base records one"
+elif [[ -z $got || $got == "<no value>" ]]; then
     echo "build.sh: note: $base_image records no package list (built before lists were recorded); --rebuild-base makes one that does"
 elif [[ $refresh_base == 1 ]]; then
-    { grep '^#' "$recorded"; tr ' ' '\n' <<<"$got"; } >"$recorded.tmp" && mv "$recorded.tmp" "$recorded"
+    { grep -s '^#' "$recorded" || true; tr ' ' '\n' <<<"$got"; } >"$recorded.tmp" && mv "$recorded.tmp" "$recorded"
     echo "build.sh: recorded the base's $(wc -w <<<"$got") packages in $recorded"
 elif ! diff <(grep -v '^#' "$recorded") <(tr ' ' '\n' <<<"$got") >"$work/base-packages.diff"; then
     echo "build.sh: note: the base's Debian packages differ from those last recorded (< recorded, > in $base_image):"
@@ -133,12 +167,12 @@ fi
 start=$(now)
 lock="$root/requirements/runtime.lock"
 lock_id=$(sha256sum "$lock" | cut -c1-16)
-deps="$work/wheels-$lock_id"
+deps="$work/wheels-$arch-$lock_id"
 if [[ ! -d $deps ]]; then
-    rm -rf "$work"/wheels-* "$deps.tmp"
+    rm -rf "$work/wheels-$arch"-* "$deps.tmp"
     # Binary wheels only, each checked against the sha256 the lock pins: nothing is built.
     "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-        --require-hashes -r "$lock" -d "$deps.tmp"
+        "${wheel_platforms[@]}" --require-hashes -r "$lock" -d "$deps.tmp"
     "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         "pip==$pip_version" -d "$deps.tmp/pip"
     echo "$pip_sha256  $(echo "$deps.tmp"/pip/pip-*.whl)" | sha256sum --check --quiet
@@ -162,7 +196,7 @@ source_url=${SOURCE_URL:-$(git -C "$root" remote get-url origin 2>/dev/null || e
 # 3. The image.
 cache=--layers
 if [[ ${NO_CACHE:-0} == 1 ]]; then cache=--no-cache; fi
-buildah build --quiet "$cache" --timestamp "$SOURCE_DATE_EPOCH" \
+buildah build --quiet "$cache" --timestamp "$SOURCE_DATE_EPOCH" --platform "linux/$arch" \
     --build-arg BASE="$base_image" \
     --build-arg VERSION="$version" \
     --build-arg REVISION="$revision" \

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.core.advice import MIB, UNKNOWN, WASTEFUL, Advice, Rules, advise, total_gpus_back
 from gpuslice.core.advice_config import propose_config
 from gpuslice.core.errors import ConfigError
@@ -33,7 +34,7 @@ def duration_s(flag: str, text: str) -> float:
 
 
 def run_advise(
-    url: str,
+    access: PrometheusAccess,
     *,
     window: str,
     step: str,
@@ -50,7 +51,8 @@ def run_advise(
     if end is not None and not math.isfinite(end):
         raise ConfigError(f"--end {end}: expected a Unix time")
     now = time.time() if end is None else end
-    facts = prometheus_facts(url, end=now, window_s=window_s, step_s=step_s, namespace=namespace)
+    url = access.url
+    facts = prometheus_facts(access, end=now, window_s=window_s, step_s=step_s, namespace=namespace)
     if not facts:
         raise ConfigError(
             f"no gpuslice container series in the last {window} at {url}"
@@ -76,8 +78,8 @@ def demo_advice(pods: int = 8) -> str:
     from gpuslice.testing.prometheus import SyntheticPrometheus
 
     with SyntheticPrometheus(pods) as fake:
-        table = run_advise(fake.url, window="1d", step="30s", min_samples=120, namespace="",
-                           output="table", end=1_800_000_000)  # fmt: skip
+        table = run_advise(PrometheusAccess(fake.url), window="1d", step="30s", min_samples=120,
+                           namespace="", output="table", end=1_800_000_000)  # fmt: skip
     return (
         f"gpuslice advise over a synthetic Prometheus: {pods} pods' series, one day at 30 s\n\n"
         + table

@@ -89,6 +89,8 @@ def flag_options(command: str) -> Callable[[F], F]:
                 extra = {"is_flag": False, "flag_value": "true", "metavar": "BOOL"}
             elif flag.choices:
                 extra = {"metavar": "|".join(flag.choices)}
+            elif flag.metavar:
+                extra = {"metavar": flag.metavar}
             env = ", ".join(flag.env)
             text = f"{flag.help} [env: {env}; default: {flag.default_text or 'unset'}]"
             hidden = command not in flag.uses
@@ -177,6 +179,17 @@ def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any
     return opts
 
 
+def _given(ctx: click.Context, params: Mapping[str, Any]) -> dict[str, str]:
+    """The table's flags given on the command line, as strings (keys: Flag.name)."""
+    return {
+        FLAG_PARAMS[p]: str(v)
+        for p, v in params.items()
+        if p in FLAG_PARAMS
+        and v is not None
+        and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
+    }
+
+
 def _resolved(
     ctx: click.Context, params: Mapping[str, Any], command: str, environ: Mapping[str, str]
 ) -> Any:
@@ -184,13 +197,7 @@ def _resolved(
     The labeller alone reads GFD_ env vars before their unprefixed names, as GFD does."""
     from gpuslice.config.options import resolve_options
 
-    given = {
-        FLAG_PARAMS[p]: str(v)
-        for p, v in params.items()
-        if p in FLAG_PARAMS
-        and v is not None
-        and ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE
-    }
+    given = _given(ctx, params)
     env = GfdEnv(environ) if command == "labels" else environ
     return resolve_options(
         given,
@@ -352,7 +359,7 @@ def demo(profile: str, verbose: bool, show_advice: bool) -> None:
 
 
 @main.command()
-@click.option("--prometheus", "url", required=True, metavar="URL", help="Prometheus' base URL")
+@flag_options("advise")
 @click.option("--window", default="7d", show_default=True, help="how far back to read")
 @click.option("--step", default="30s", show_default=True, help="one sample per step")
 @click.option("--min-samples", default=120, show_default=True, type=click.IntRange(1),
@@ -366,20 +373,30 @@ def demo(profile: str, verbose: bool, show_advice: bool) -> None:
     show_default=True,
     help="advice per workload, as a table or JSON, or a proposed v1 config",
 )
+@click.pass_context
 def advise(
-    url: str,
+    ctx: click.Context,
+    /,
     window: str,
     step: str,
     min_samples: int,
     namespace: str,
     end: float | None,
     output: str,
+    **params: Any,
 ) -> None:
-    """Right-size shared GPUs from what each workload used, read from Prometheus."""
+    """Right-size shared GPUs from what each workload used, read from Prometheus.
+
+    A secured Prometheus is read with a bearer token file, a CA bundle and a client
+    certificate, as Prometheus' own HTTP client config names them.
+    """
     from gpuslice.advise_cmd import run_advise
+    from gpuslice.config.flags import read_flags
+    from gpuslice.config.prometheus_access import prometheus_access
 
     try:
-        text = run_advise(url, window=window, step=step, min_samples=min_samples,
+        access = prometheus_access(read_flags(_given(ctx, params), os.environ, "advise"))
+        text = run_advise(access, window=window, step=step, min_samples=min_samples,
                           namespace=namespace, output=output, end=end)  # fmt: skip
     except GpusliceError as exc:
         fail(exc)
@@ -415,7 +432,14 @@ def validate(path: str, config_name: str | None) -> None:
             continue
         for warning in result.warnings:  # each already names its config
             click.echo(f"warning: {warning}", err=True)
-        click.echo(f"{result.source or path}: valid")
+        if result.blank:
+            click.echo(
+                f"{result.source or path}: valid, and empty: every setting takes its default "
+                "(once a config with content is in force, an empty one replacing it is "
+                "refused as a cut-short write; write `version: v1` to mean the defaults)"
+            )
+        else:
+            click.echo(f"{result.source or path}: valid")
         click.echo(describe(result.config))
     if any(isinstance(result, GpusliceError) for result in results):
         sys.exit(1)

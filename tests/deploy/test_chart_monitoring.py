@@ -190,6 +190,19 @@ def test_a_service_monitor_alone_brings_its_service() -> None:
     assert kinds.count("ServiceMonitor") == 1
 
 
+def test_values_yaml_names_the_value_the_services_port_is() -> None:
+    """The comment on monitoring.service names the value its port is rendered from."""
+    text = (CHART / "values.yaml").read_text()
+    said = re.search(r"A Service selecting the agents, port `metrics` on (\S+) ", text)
+    assert said, "values.yaml no longer describes monitoring.service"
+    named = said.group(1).strip("`")
+    head, *rest = named.split(".")  # statusPort or metrics.port
+    values = {"monitoring": {"service": {"enabled": True}}, head: {rest[0]: 9555} if rest else 9555}
+    gen = tool()
+    (port,) = the(tuple(gen.objects(gen.render(CHART, values))), "Service")["spec"]["ports"]
+    assert port["port"] == 9555, f"the Service's port is not {named}"
+
+
 def test_the_prometheus_rule_is_the_alerts_file() -> None:
     rule = the(rendered("monitoring"), "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"

@@ -1,11 +1,17 @@
 """Release artefacts: one version (pyproject.toml's) in the chart, its package and the image
 tag; the chart package is byte-for-byte the same when made twice, is what Helm loads, and its
-checksum file verifies; the locks pin a sha256 for every distribution."""
+checksum file verifies; the locks pin a sha256 for every distribution; the image's commands for
+one architecture, and for two published under one tag (a manifest list)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from types import ModuleType
@@ -94,3 +100,135 @@ def test_the_base_images_debian_packages_are_recorded() -> None:
     packages = dict(line.split("=", 1) for line in listed if line and not line.startswith("#"))
     assert {"python3", "python3.11", "libstdc++6", "ca-certificates", "dpkg"} <= set(packages)
     assert all(packages.values())
+
+
+# ---- the image for two architectures under one tag
+
+
+def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TOOL), "--dry-run", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
+    )  # fmt: skip
+
+
+def test_one_architecture_is_built_as_before(tmp_path: Path) -> None:
+    done = dry_run("--arch", release().host_arch(), "--dist", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    version = tool().project_version()
+    assert done.stdout.splitlines() == [
+        f"IMAGE=localhost/gpuslice:{version} SOURCE_DATE_EPOCH=1700000000 bash "
+        "deploy/image/build.sh"
+    ]
+    assert list(tmp_path.iterdir()) == []  # a dry run makes nothing
+
+
+def test_two_architectures_are_published_under_one_tag(tmp_path: Path) -> None:
+    """An image per architecture, gathered in one manifest list named for the registry,
+    pushed with every image it lists; its digest lands beside the other artefacts."""
+    repo = "registry.example.com/team/gpuslice"
+    done = dry_run("--arch", "amd64,arm64", "--push", repo, "--dist", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    v = tool().project_version()
+    listed = f"{repo}:{v}"
+    assert done.stdout.splitlines() == [
+        f"ARCH=amd64 IMAGE=localhost/gpuslice:{v}-amd64 SOURCE_DATE_EPOCH=1700000000 bash "
+        "deploy/image/build.sh",
+        f"ARCH=arm64 IMAGE=localhost/gpuslice:{v}-arm64 SOURCE_DATE_EPOCH=1700000000 bash "
+        "deploy/image/build.sh",
+        f"buildah rmi {listed} 2>/dev/null || true",
+        f"buildah manifest create {listed}",
+        f"buildah manifest add {listed} containers-storage:localhost/gpuslice:{v}-amd64",
+        f"buildah manifest add {listed} containers-storage:localhost/gpuslice:{v}-arm64",
+        f"buildah manifest push --all --digestfile {tmp_path}/gpuslice-{v}.digest {listed} "
+        f"docker://{listed}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--arch", "x86_64"],
+         "argument --arch: 'x86_64': expected architectures from amd64, arm64"),
+        (["--arch", "arm64,arm64"], "comma-separated, once each"),
+        (["--push", "registry.example.com/gpuslice:1.0"],
+         "no transport, no tag: the tag is the version"),
+        (["--push", "docker://registry.example.com/gpuslice"], "no transport, no tag"),
+    ],
+)  # fmt: skip
+def test_a_bad_architecture_or_repository_is_one_line(args: list[str], said: str) -> None:
+    done = dry_run(*args)
+    assert done.returncode == 2
+    assert said in done.stderr.splitlines()[-1]
+    assert done.stdout == ""
+
+
+def test_build_sh_says_what_another_architecture_needs(tmp_path: Path) -> None:
+    """Another architecture's packages run their scripts through qemu: without an enabled
+    binfmt_misc handler for it the build stops at once, naming the handler and the package."""
+    other = "arm64" if release().host_arch() == "amd64" else "amd64"
+    handler = "qemu-aarch64" if other == "arm64" else "qemu-x86_64"
+    env = {**os.environ, "ARCH": other, "BINFMT_DIR": str(tmp_path)}
+    build = ["bash", str(ROOT / "deploy" / "image" / "build.sh")]
+    done = subprocess.run(build, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"build.sh: error: building {other} on ")
+    assert (
+        f"{tmp_path}/{handler} is not an enabled handler: apt-get install qemu-user-static" in line
+    )
+    (tmp_path / handler).write_text("disabled\ninterpreter /usr/libexec/qemu-binfmt/x\n")
+    again = subprocess.run(build, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 1
+    assert "is not an enabled handler" in again.stderr
+    wrong = subprocess.run(build, env={**env, "ARCH": "s390x"}, capture_output=True, text=True,
+                           timeout=60, check=False)  # fmt: skip
+    assert (wrong.returncode, wrong.stderr) == (
+        2,
+        "build.sh: error: ARCH s390x: expected amd64 or arm64\n",
+    )
+
+
+def buildah(*args: str) -> str:
+    return subprocess.run(
+        ["buildah", *args], capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
+    ).stdout  # fmt: skip
+
+
+def test_the_manifest_steps_gather_both_architectures_and_push_them(tmp_path: Path) -> None:
+    """release.py's own manifest commands, run by real buildah over an image of each
+    architecture (empty ones standing in for build.sh's), gather both in one list, and its
+    push command (to an OCI layout here rather than a registry) sends both with the list."""
+    if shutil.which("buildah") is None:
+        why = "buildah not installed (apt-get install buildah)"
+        if os.environ.get("GPUSLICE_REQUIRE_IMAGE_TEST") == "1":
+            pytest.fail(f"GPUSLICE_REQUIRE_IMAGE_TEST=1 but {why}")
+        pytest.skip(why)
+    rel = release()
+    name = f"localhost/gpuslice-release-test-{os.getpid()}"
+    digest = tmp_path / "list.digest"
+    steps, images, listed = rel.image_steps(
+        "0.0.0", ["amd64", "arm64"], 0, image=f"{name}:0.0.0", push=name, digest=digest
+    )
+    try:
+        for arch, image in images.items():
+            box = buildah("from", "scratch").strip()
+            buildah("config", "--arch", arch, "--os", "linux", box)
+            buildah("commit", "--quiet", "--rm", box, image)
+        *manifest, push = [step for step in steps if step.argv[0] == "buildah"]
+        for step in manifest:
+            rel.run_step(step)
+        found = json.loads(buildah("manifest", "inspect", listed))["manifests"]
+        assert sorted(m["platform"]["architecture"] for m in found) == ["amd64", "arm64"]
+        assert push.argv[-1] == f"docker://{listed}"
+        rel.run_step(push._replace(argv=[*push.argv[:-1], f"oci:{tmp_path / 'layout'}"]))
+        index = json.loads((tmp_path / "layout" / "index.json").read_text())
+        (pushed,) = index["manifests"]
+        assert pushed["digest"] == digest.read_text().strip()
+        blob = tmp_path / "layout" / "blobs" / "sha256" / pushed["digest"].split(":")[1]
+        assert len(json.loads(blob.read_text())["manifests"]) == 2
+    finally:
+        for image in [listed, *images.values()]:
+            subprocess.run(["buildah", "rmi", image], capture_output=True, check=False)

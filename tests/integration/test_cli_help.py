@@ -14,7 +14,7 @@ from gpuslice import cli
 from gpuslice.config.flags import FLAGS
 
 COMMANDS = {"run": ["run"], "labels": ["labels"], "inspect": ["inspect"]}
-COMMANDS |= {"demo": ["demo"], "config validate": ["config", "validate"]}
+COMMANDS |= {"demo": ["demo"], "config validate": ["config", "validate"], "advise": ["advise"]}
 
 # Options a command does not use, so its --help must not list them.
 NOT_SHOWN = {
@@ -33,6 +33,7 @@ NOT_SHOWN = {
                 "--fail-on-init-error", "--use-node-feature-api", "--config-file-srcdir"],
     "demo": ["--config-file", "--kubelet-socket", "--log-format"],
     "config validate": ["--config-file", "--fake-hardware", "--mig-strategy"],
+    "advise": ["--config-file", "--node-name", "--kubeconfig", "--log-format"],
 }  # fmt: skip
 SHOWN = {
     "run": ["--kubelet-socket", "--status-address", "--config-file", "--fake-hardware",
@@ -44,6 +45,9 @@ SHOWN = {
                 "--dra-mig-devices", "--fake-events", "--node-name"],
     "demo": ["--profile", "--verbose"],
     "config validate": ["--config-name"],
+    "advise": ["--prometheus", "--prometheus-bearer-token-file", "--prometheus-ca-file",
+               "--prometheus-cert-file", "--prometheus-key-file",
+               "--prometheus-insecure-skip-verify", "--window", "--namespace", "--output"],
 }  # fmt: skip
 
 
@@ -86,11 +90,11 @@ def test_each_command_shows_the_options_it_uses_and_no_others(name: str) -> None
     assert not set(NOT_SHOWN[name]) & set(options), set(NOT_SHOWN[name]) & set(options)
 
 
-@pytest.mark.parametrize("name", ["run", "labels", "inspect"])
+@pytest.mark.parametrize("name", ["run", "labels", "inspect", "advise"])
 def test_each_table_flag_shown_names_its_env_vars(name: str) -> None:
     options = options_help(COMMANDS[name])
-    for flag in FLAGS:
-        if f"--{flag.name}" in options:
+    for flag in FLAGS:  # advise's own --namespace is not the table's
+        if flag.taken_by(name) and f"--{flag.name}" in options:
             assert f"[env: {', '.join(flag.env)};" in options[f"--{flag.name}"], flag.name
 
 

@@ -69,6 +69,7 @@ class Flag:
     # does (a DaemonSet's arguments keep working); left out of their --help
     accepts: frozenset[str] = frozenset()
     check: Callable[[str], str] | None = None  # why a value (each item) is refused, or ""
+    metavar: str = ""  # what --help calls its value (empty: click's word for the type)
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -311,6 +312,24 @@ FLAGS: tuple[Flag, ...] = (
     _flag("dra-registry-dir", "GPUSLICE_DRA_REGISTRY_DIR", None,
           "/var/lib/kubelet/plugins_registry",
           "the kubelet's plugin registration directory"),
+    _flag("prometheus", "GPUSLICE_PROMETHEUS_URL", None, "",
+          "Prometheus' base URL, http:// or https:// (required)", uses="advise", metavar="URL"),
+    _flag("prometheus-bearer-token-file", "GPUSLICE_PROMETHEUS_BEARER_TOKEN_FILE", None, "",
+          "file holding the bearer token sent to Prometheus, read again on each run "
+          "(Prometheus' authorization.credentials_file, bearer_token_file)", uses="advise",
+          metavar="FILE"),
+    _flag("prometheus-ca-file", "GPUSLICE_PROMETHEUS_CA_FILE", None, "",
+          "CA bundle (PEM) that Prometheus' certificate must chain to (tls_config.ca_file; "
+          "empty: the system's)", uses="advise", metavar="FILE"),
+    _flag("prometheus-cert-file", "GPUSLICE_PROMETHEUS_CERT_FILE", None, "",
+          "client certificate (PEM) shown to Prometheus, with --prometheus-key-file "
+          "(tls_config.cert_file)", uses="advise", metavar="FILE"),
+    _flag("prometheus-key-file", "GPUSLICE_PROMETHEUS_KEY_FILE", None, "",
+          "the client certificate's private key (PEM, unencrypted; tls_config.key_file)",
+          uses="advise", metavar="FILE"),
+    _flag("prometheus-insecure-skip-verify", "GPUSLICE_PROMETHEUS_INSECURE_SKIP_VERIFY", None,
+          False, "accept any certificate from Prometheus, unverified "
+          "(tls_config.insecure_skip_verify; for a trial only)", kind=BOOL, uses="advise"),
     _flag("memory-budget", "GPUSLICE_MEMORY_BUDGET", None, "",
           'per-replica memory budgets by resource, "nvidia.com/gpu.shared=10Gi,..." '
           "(default: the replica's share of its GPU's memory)"),

@@ -99,7 +99,9 @@ def select_config_name(available: Iterable[str], wanted: str | None, *, source: 
             return names[0]
         listing = ", ".join(names)
         raise config_error(
-            source, "", f"holds {len(names)} configs ({listing}); name the one to use"
+            source,
+            "",
+            f"holds {len(names)} configs ({listing}); name the one to use with --config-name",
         )
     try:
         return find_entry(wanted, names)
@@ -212,12 +214,34 @@ def load_each(
         files = config_dir_entries(where)
         if not files:
             raise config_error(str(where), "", _NO_FILES)
-        return [_attempt(partial(_load_dir_file, n, f)) for n, f in files.items()]
+        return [r for n, f in files.items() for r in _each_dir_file(n, f)]
     text = _read(where)
     entries = _configmap_entries(_parse(text, str(where)), str(where))
     if entries is None:
         return [_attempt(partial(load_config, text, source=str(where)))]
     return [_attempt(partial(_load_entry, entries, key, str(where))) for key in entries]
+
+
+def _each_dir_file(name: str, path: Path) -> list[LoadedConfig | ConfigError]:
+    """A directory's file checked as checking it alone does: each entry of a ConfigMap
+    manifest. A manifest of several entries is also told apart: the agent, reading the
+    directory as a mounted ConfigMap, takes one config per file and refuses it."""
+    try:
+        found = load_each(path)
+    except ConfigError as exc:
+        return [exc]
+    if len(found) == 1:
+        return [replace(r, name=name) if isinstance(r, LoadedConfig) else r for r in found]
+    note = (
+        f"{path}: a ConfigMap manifest of {len(found)} configs, each checked; as a file of a "
+        "mounted ConfigMap directory (--config-file-srcdir, --config-file DIR) the agent "
+        "would refuse it: it takes one config per file"
+    )
+    for i, result in enumerate(found):  # said once, with the first entry that loads
+        if isinstance(result, LoadedConfig):
+            found[i] = replace(result, warnings=(note, *result.warnings))
+            break
+    return found
 
 
 def _load_dir_file(name: str, path: Path) -> LoadedConfig:

@@ -7,6 +7,7 @@ import asyncio
 
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.options import RunOptions
+from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.core.advice import Series, SeriesFacts
 from gpuslice.core.ports import NodeApi
@@ -53,13 +54,13 @@ async def run_labels(
 
 
 def prometheus_facts(
-    url: str, *, end: float, window_s: float, step_s: float, namespace: str = ""
+    access: PrometheusAccess, *, end: float, window_s: float, step_s: float, namespace: str = ""
 ) -> dict[Series, SeriesFacts]:
     """The agent's per-container series over the window, read from Prometheus' API
-    (`gpuslice advise`); PrometheusError (a GpusliceError) when it cannot be read."""
+    (`gpuslice advise`); a GpusliceError when it cannot be read."""
     from gpuslice.adapters.prometheus import PrometheusApi, gather
 
-    return gather(PrometheusApi(url), end, window_s, step_s, namespace)
+    return gather(PrometheusApi(access), end, window_s, step_s, namespace)
 
 
 def mig_profiles() -> dict[str, dict[str, int]]:

@@ -422,6 +422,13 @@ UPSTREAM = {
     "mps-control-binary": ("GPUSLICE_MPS_CONTROL_BINARY", None),
     "mps-control-socket": ("GPUSLICE_MPS_CONTROL_SOCKET", None),
     "mps-pinned-memory-limit": ("GPUSLICE_MPS_PINNED_MEMORY_LIMIT", None),
+    # `gpuslice advise`
+    "prometheus": ("GPUSLICE_PROMETHEUS_URL", None),
+    "prometheus-bearer-token-file": ("GPUSLICE_PROMETHEUS_BEARER_TOKEN_FILE", None),
+    "prometheus-ca-file": ("GPUSLICE_PROMETHEUS_CA_FILE", None),
+    "prometheus-cert-file": ("GPUSLICE_PROMETHEUS_CERT_FILE", None),
+    "prometheus-key-file": ("GPUSLICE_PROMETHEUS_KEY_FILE", None),
+    "prometheus-insecure-skip-verify": ("GPUSLICE_PROMETHEUS_INSECURE_SKIP_VERIFY", None),
 }
 
 
@@ -465,7 +472,12 @@ def test_config_reference_documents_every_flag_and_env_var() -> None:
 # ---- which commands take each flag
 
 
-COMMANDS = {"run", "labels", "inspect", "mps-control"}
+COMMANDS = {"run", "labels", "inspect", "mps-control", "advise"}
+# How `gpuslice advise` reaches Prometheus: the agent has no use for them.
+ADVISE_FLAGS = {
+    "prometheus", "prometheus-bearer-token-file", "prometheus-ca-file", "prometheus-cert-file",
+    "prometheus-key-file", "prometheus-insecure-skip-verify",
+}  # fmt: skip
 # GPU Feature Discovery's own flags: `gpuslice labels` takes each, as a GFD DaemonSet passes them.
 GFD_FLAGS = {
     "mig-strategy", "fail-on-init-error", "mps-root", "driver-root", "dev-root",
@@ -484,8 +496,12 @@ def test_every_flag_names_only_known_commands_once() -> None:
 
 def test_the_agent_takes_every_flag_and_the_labeller_exactly_gfds() -> None:
     """A plugin DaemonSet's and a GFD DaemonSet's arguments keep working unchanged."""
-    assert all(flag.taken_by("run") or flag.name == "oneshot" for flag in FLAGS)
+    assert all(
+        flag.taken_by("run") or flag.name == "oneshot" or flag.name in ADVISE_FLAGS
+        for flag in FLAGS
+    )
     assert {flag.name for flag in FLAGS if flag.taken_by("labels")} == GFD_FLAGS
+    assert {flag.name for flag in FLAGS if flag.taken_by("advise")} == ADVISE_FLAGS
 
 
 def test_inspect_takes_only_what_changes_its_report() -> None:

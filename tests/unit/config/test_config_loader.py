@@ -84,7 +84,7 @@ def test_configmap_name_that_does_not_exist_lists_the_available_ones() -> None:
 
 def test_configmap_with_several_entries_needs_a_name() -> None:
     assert error(load_config, dedent(CONFIGMAP), source="cm.yaml") == (
-        "cm.yaml: holds 3 configs (broken, mps, ts); name the one to use"
+        "cm.yaml: holds 3 configs (broken, mps, ts); name the one to use with --config-name"
     )
 
 

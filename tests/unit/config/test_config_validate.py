@@ -129,16 +129,60 @@ def test_a_directory_checks_each_config_file(tmp_path: Path) -> None:
     assert [line for line in out if line.endswith(": valid")] == [f"{root / 'ts.yaml'}: valid"]
 
 
-def test_a_directory_file_holding_a_configmap_is_read_as_the_agent_reads_it(
+def test_a_directory_file_holding_a_configmap_is_checked_as_it_is_alone(
     tmp_path: Path,
 ) -> None:
-    """The agent reads each file alone: a ConfigMap manifest of several entries is refused."""
+    """Each entry checked, as `config validate cm.yaml` checks it; one warning says that
+    the agent, reading the directory as a mounted ConfigMap, would refuse the file."""
     (tmp_path / "cm.yaml").write_text(configmap({"a": TS4, "b": TS4}))
-    code, _, err = validate(str(tmp_path))
-    assert code == 1
+    (tmp_path / "ts.yaml").write_text(TS4)
+    code, out, err = validate(str(tmp_path))
+    alone = validate(str(tmp_path / "cm.yaml"))
+    assert (code, alone[0]) == (0, 0), (err, alone)
+    valid = [line for line in out if line.endswith(": valid")]
+    assert valid == [f"{tmp_path / 'cm.yaml'}[a]: valid", f"{tmp_path / 'cm.yaml'}[b]: valid",
+                     f"{tmp_path / 'ts.yaml'}: valid"]  # fmt: skip
     assert err == [
-        f"gpuslice: error: {tmp_path / 'cm.yaml'}: holds 2 configs (a, b); name the one to use"
+        f"warning: {tmp_path / 'cm.yaml'}: a ConfigMap manifest of 2 configs, each checked; "
+        "as a file of a mounted ConfigMap directory (--config-file-srcdir, --config-file DIR) "
+        "the agent would refuse it: it takes one config per file"
     ]
+
+
+def test_the_examples_directory_is_valid_as_each_example_is() -> None:
+    examples = Path(__file__).parents[3] / "examples"
+    code, out, err = validate(str(examples))
+    assert code == 0, err
+    alone = [line for f in sorted(examples.glob("*.yaml")) for line in validate(str(f))[1]]
+    assert [line for line in out if ": valid" in line] == [
+        line for line in alone if ": valid" in line
+    ]
+
+
+def test_several_configs_without_a_name_say_which_flag_names_one(tmp_path: Path) -> None:
+    path = tmp_path / "cm.yaml"
+    path.write_text(configmap({"a": TS4, "b": TS4}))
+    result = CliRunner().invoke(
+        main, ["inspect", "--fake-hardware", "t4", "--config-file", str(path)]
+    )
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"gpuslice: error: {path}: holds 2 configs (a, b); name the one to use with --config-name"
+    ]
+
+
+def test_an_empty_file_is_valid_and_said_to_mean_every_default(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing set yet\n")
+    code, out, err = validate(str(path))
+    assert (code, err) == (0, [])
+    assert out[0] == (
+        f"{path}: valid, and empty: every setting takes its default (once a config with "
+        "content is in force, an empty one replacing it is refused as a cut-short write; "
+        "write `version: v1` to mean the defaults)"
+    )
+    (tmp_path / "v1.yaml").write_text("version: v1\n")
+    assert validate(str(tmp_path / "v1.yaml"))[1][0] == f"{tmp_path / 'v1.yaml'}: valid"
 
 
 def test_an_empty_directory_says_so(tmp_path: Path) -> None:

@@ -4,11 +4,14 @@ Every answer is bounded: a deadline for the whole request (not only each socket 
 at most Limits.max_body bytes, JSON nesting bounded by the decoder (a deeper answer is
 refused, not a RecursionError), and a fixed shape: an answer that is not Prometheus'
 {"status": ..., "data": {"resultType": "vector", "result": [...]}} is one error line
-naming the URL. A redirect is not followed.
+naming the URL. A redirect is not followed. A secured Prometheus is reached with a
+bearer token and TLS files (secured.py); a refusal (HTTP 401 or 403, or a failed TLS
+exchange) is one line saying what to give.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -19,6 +22,8 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+from gpuslice.adapters.prometheus.secured import bearer_token, tls_context, tls_failure
+from gpuslice.config.prometheus_access import PrometheusAccess, named
 from gpuslice.core.errors import GpusliceError
 
 T = TypeVar("T")
@@ -64,20 +69,27 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
 _VECTOR = msgspec.json.Decoder(_Answer[list[_Sample]])
 
 Labels = dict[str, str]
 
 
 class PrometheusApi:
-    def __init__(self, url: str, limits: Limits = Limits()) -> None:
+    def __init__(self, access: PrometheusAccess | str, limits: Limits = Limits()) -> None:
+        """`access`: the URL and credentials (a plain URL: none). Raises PrometheusError
+        for a URL that is not http(s), GpusliceError for a TLS file that cannot be used."""
+        self.access = access if isinstance(access, PrometheusAccess) else PrometheusAccess(access)
+        url = self.access.url
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise PrometheusError(f"--prometheus {url!r}: expected an http:// or https:// URL")
         self.url = url.rstrip("/")
         self.limits = limits
         self.requests = 0
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        if parsed.scheme == "https":
+            handlers.append(urllib.request.HTTPSHandler(context=tls_context(self.access)))
+        self._opener = urllib.request.build_opener(*handlers)
 
     def instant(self, query: str, at: float) -> list[tuple[Labels, str]]:
         """An instant query at `at`: (labels, value as Prometheus wrote it) per series."""
@@ -104,6 +116,8 @@ class PrometheusApi:
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         self.requests += 1
         body, status, ctype = self._fetch(url)
+        if status in (401, 403):
+            raise self._refused(status)
         if "json" not in ctype:
             raise self._not_prometheus(f"HTTP {status}, content-type {ctype or 'none'!r}")
         try:
@@ -121,15 +135,21 @@ class PrometheusApi:
 
     def _fetch(self, url: str) -> tuple[bytes, int, str]:
         deadline = time.monotonic() + self.limits.timeout_s
-        request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - http(s) only, checked in __init__
+        headers = {"Accept": "application/json"}
+        if self.access.bearer_token_file:  # read again each time, as Prometheus does
+            headers["Authorization"] = f"Bearer {bearer_token(self.access.bearer_token_file)}"
+        request = urllib.request.Request(url, headers=headers)  # noqa: S310 - http(s) only, checked in __init__
         reply: HTTPResponse | urllib.error.HTTPError
         try:
-            reply = _OPENER.open(request, timeout=self.limits.timeout_s)
+            reply = self._opener.open(request, timeout=self.limits.timeout_s)
         except urllib.error.HTTPError as exc:  # Prometheus answers 400/422/503 with JSON
             reply = exc
         except (urllib.error.URLError, OSError, HTTPException, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+            cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            if isinstance(cause, ssl.SSLError):
+                why = tls_failure(cause, self.access)
+                raise PrometheusError(f"cannot reach Prometheus at {self.url}: {why}") from None
+            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {cause}") from None
         try:
             with reply:
                 ctype = reply.headers.get_content_type() if reply.headers else ""
@@ -155,6 +175,19 @@ class PrometheusApi:
                     "query; narrow it (--namespace, a shorter --window or a longer --step)"
                 )
             parts.append(chunk)
+
+    def _refused(self, status: int) -> PrometheusError:
+        token = self.access.bearer_token_file
+        if status == 403:
+            why = "HTTP 403 Forbidden: the credentials given are not allowed to query it"
+        elif token:
+            why = f"HTTP 401 Unauthorized: it does not accept the bearer token of {token}"
+        else:
+            why = (
+                "HTTP 401 Unauthorized: it asks for credentials; give "
+                f"{named('prometheus-bearer-token-file')}"
+            )
+        return PrometheusError(f"{self.url} refused the query: {why}")
 
     def _not_prometheus(self, why: str) -> PrometheusError:
         why = " ".join(why.split())[:200]
