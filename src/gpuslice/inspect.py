@@ -51,10 +51,11 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     node would publish, as they are sent to the API server."""
     loaded = load_config(opts)
     cfg = plugin_settings(loaded, opts)
+    cgroups = pod_cgroups(opts)
     backend = open_backend(opts)
     try:
         snapshot = backend.snapshot()
-        facts = isolation_facts(opts, backend)
+        facts = isolation_facts(cgroups, backend)
     finally:
         backend.close()
     pinned = opts.mps_pinned_memory_limit_mib
@@ -63,7 +64,8 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     plan_serving(snapshot, resources, cfg.memory, cfg.allocate.mps_root, pinned_limit_mib=pinned)
     modes = detect(snapshot, facts, mps_gpus(resources))
     isolation = {g.uuid: g for g in modes}
-    kubepods, pods_missing = pod_cgroups(opts)
+    cgroups.watched()  # searches for the kubepods cgroups
+    kubepods, pods_missing = cgroups.kubepods(), cgroups.missing()
     limited = limited_gpus(modes, cfg.memory, pods_missing)
 
     def share_limit(device: AdvertisedDevice, resource: str) -> Limit | None:
@@ -112,6 +114,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             "missing": missing_line(modes),
             "kubepods": list(kubepods),
             "podCgroups": pods_missing,
+            "cgroups": cgroups.where(),
         },
         "config": loaded.source or "(defaults)",
         "warnings": [
@@ -178,7 +181,9 @@ def render_table(report: dict[str, Any]) -> str:
         (d["name"], str(d["devices"]), str(d["physical"]), d["sharing"], d["socket"])
         for d in report["details"]
     ]
-    lines = _columns(rows)
+    # Warnings first: a rule that matches no device matters more than the tables.
+    lines = [f"warning: {w}" for w in report["warnings"]]
+    lines += _columns(rows)
     if not report["details"]:
         lines.append("(nothing advertised)")
     if report["gpus"]:
@@ -196,6 +201,7 @@ def render_table(report: dict[str, Any]) -> str:
         missing = sorted({g["memoryIsolation"]["missing"] for g in report["gpus"]} - {""})
         if report["memoryIsolation"]["enabled"]:  # no pod found: nothing would be limited
             missing += filter(None, [report["memoryIsolation"]["podCgroups"]])
+        lines.append(f"memory isolation facts: {report['memoryIsolation']['cgroups']}")
         lines += [f"memory isolation: {line}" for line in missing]
     if report["labels"]:
         lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
@@ -206,7 +212,6 @@ def render_table(report: dict[str, Any]) -> str:
         lines += ["", f"DRA: driver {driver}, {len(names)} devices in {len(slices)} ResourceSlices"]
         lines += [f"  {name}" for name in names]
         lines += [f"front-end of {r}: {fe}" for r, fe in sorted(report["frontEnds"].items())]
-    lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
 
 

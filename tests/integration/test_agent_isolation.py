@@ -230,6 +230,30 @@ def test_inspect_shows_each_gpus_memory_isolation_and_what_is_missing(tmp_path: 
     assert "memory isolation: cgroup v2 is not mounted (cgroup v1 or none)" in table.stdout
 
 
+@pytest.mark.parametrize(
+    ("cgroup", "mode", "said"),
+    [
+        ("", DMEM, ""),  # by default a current node: cgroup v2 with dmem over every GPU
+        ("cgroup: {version: 1}\n", "none", "cgroup v2 is not mounted"),
+    ],
+)
+def test_inspect_on_a_simulated_node_describes_that_node_not_this_machine(
+    tmp_path: Path, cgroup: str, mode: str, said: str
+) -> None:
+    node = Path(r615_node("t4", tmp_path / "node.yaml"))
+    node.write_text(node.read_text() + cgroup)
+    args = ("inspect", "--fake-hardware", str(node), "--memory-isolation")
+    report = json.loads(run_once(*args, "--output", "json").stdout)
+    where = f"the simulated node {node} (its node file's cgroup facts)"
+    assert report["memoryIsolation"]["cgroups"] == where
+    (gpu,) = report["gpus"]
+    assert gpu["memoryIsolation"]["mode"] == mode
+    assert said in gpu["memoryIsolation"]["missing"]
+    assert "models no pod cgroups" in report["memoryIsolation"]["podCgroups"]
+    table = run_once(*args).stdout
+    assert f"memory isolation facts: {where}" in table
+
+
 async def test_accounting_reads_a_limited_pods_memory_from_the_limit(
     launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path
 ) -> None:
@@ -316,8 +340,9 @@ async def test_without_a_kubepods_cgroup_readiness_and_inspect_say_why_nothing_i
     args += ["--memory-isolation", "--cgroup-root", str(tmp_path / "cgroup")]
     args += ["--config-file", str(EXAMPLES / "time-slicing.yaml")]
     table = run_once(*args).stdout
-    (line,) = [x for x in table.splitlines() if "kubepods" in x]
+    (line,) = [x for x in table.splitlines() if x.startswith("memory isolation: ")]
     assert line.startswith(f"memory isolation: {said}")
+    assert f"memory isolation facts: this machine's cgroup tree at {tmp_path}" in table
     report = json.loads(run_once(*args, "--output", "json").stdout)
     assert report["memoryIsolation"]["podCgroups"] == detail["podCgroups"]
     assert {s["hardLimitBytes"] for g in report["gpus"] for s in g["servedAs"]} == {None}

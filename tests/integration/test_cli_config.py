@@ -130,6 +130,12 @@ def test_inspect_warns_about_a_rule_that_matches_no_device(tmp_path: Path) -> No
     report = json.loads(result.stdout)
     assert report["resources"] == {GPU: 1}
     assert any("nvidia.com/mig-1g.5gb matches no device" in w for w in report["warnings"])
+    table = run_once(
+        "inspect", "--fake-hardware", "t4", "--config-file", config_file(tmp_path, text)
+    )
+    assert table.returncode == 0, table.stderr
+    # Warnings come first, above the tables a reader would otherwise stop at.
+    assert table.stdout.splitlines()[0].startswith("warning: sharing: nvidia.com/mig-1g.5gb")
 
 
 def test_validate_refuses_a_resource_name_typo_with_a_suggestion(tmp_path: Path) -> None:

@@ -98,6 +98,9 @@ class PodCgroupTree:
         self._roots: tuple[str, ...] = ()
         self._missing = ""
 
+    def where(self) -> str:
+        return f"this machine's cgroup tree at {self.root}"
+
     def kubepods(self) -> tuple[str, ...]:
         """The kubepods cgroups (host paths) found by the last watched() or pods()."""
         return tuple(f"{self.host_root}/{r}" for r in self._roots)

@@ -26,6 +26,7 @@ from gpuslice.core.watchdog import Policy, parse_size
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_MPS_CONTROL = str(FLAGS_BY_NAME["mps-control-binary"].default)
 DEFAULT_MACHINE_TYPE_FILE = str(FLAGS_BY_NAME["machine-type-file"].default)
+DEFAULT_CGROUP_ROOT = str(FLAGS_BY_NAME["cgroup-root"].default)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class RunOptions:
     memory_budgets: Mapping[str, int] = field(default_factory=dict)
     memory_budget_policy: Policy = Policy.REPORT
     memory_isolation: bool = False
-    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_root: str = DEFAULT_CGROUP_ROOT
     mps_control_binary: str = ""
     mps_control_socket: str = ""  # gpuslice mps-control's; empty: daemons started here
     mps_root: str = ""  # as given (flag, env var), not the file's: where past daemons may run

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from gpuslice.adapters.hosts import MACHINE_TYPE_MAX_BYTES
 from gpuslice.config.loader import LoadedConfig
-from gpuslice.config.options import DEFAULT_MACHINE_TYPE_FILE, DEFAULT_MPS_CONTROL, RunOptions
+from gpuslice.config.options import (
+    DEFAULT_CGROUP_ROOT,
+    DEFAULT_MACHINE_TYPE_FILE,
+    DEFAULT_MPS_CONTROL,
+    RunOptions,
+)
 from gpuslice.config.settings import Settings, settings_from
 from gpuslice.core.ports import GpuBackend, Host, TimeSlicer
 
@@ -31,6 +36,7 @@ def host(opts: RunOptions) -> Host:
             opts.mps_control_binary,
             default_mps_control=DEFAULT_MPS_CONTROL,
             default_machine_type_file=DEFAULT_MACHINE_TYPE_FILE,
+            default_cgroup_root=DEFAULT_CGROUP_ROOT,
         )
     from gpuslice.adapters.hosts.real import RealHost
 

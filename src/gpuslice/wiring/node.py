@@ -21,6 +21,7 @@ from gpuslice.core.ports import (
     LabelSink,
     Metrics,
     NodeApi,
+    PodCgroups,
     PodEvents,
     PodResources,
     ProcessOwners,
@@ -129,22 +130,16 @@ def _mps_waiting(api: NodeApi, node: str) -> Notify:
     return notify
 
 
-def isolation_facts(opts: RunOptions, backend: GpuBackend) -> HostFacts:
-    """What decides each GPU's memory isolation: the driver's answer and the host's
-    cgroup tree under --cgroup-root (`gpuslice inspect`)."""
-    from gpuslice.adapters.cgroup_tree import PodCgroupTree
-
-    return PodCgroupTree(opts.cgroup_root).facts(limit_problem(backend))
+def pod_cgroups(opts: RunOptions) -> PodCgroups:
+    """The pods' cgroups and the cgroup facts under --cgroup-root, as the host sees them
+    (the simulated host: its node file's facts unless a tree is named)."""
+    return host(opts).pod_cgroups(opts.cgroup_root)
 
 
-def pod_cgroups(opts: RunOptions) -> tuple[tuple[str, ...], str]:
-    """Where the kubelet's pod cgroups are under --cgroup-root (the kubepods cgroups found),
-    or one line saying why none is found (`gpuslice inspect`)."""
-    from gpuslice.adapters.cgroup_tree import PodCgroupTree
-
-    tree = PodCgroupTree(opts.cgroup_root)
-    tree.watched()
-    return tree.kubepods(), tree.missing()
+def isolation_facts(cgroups: PodCgroups, backend: GpuBackend) -> HostFacts:
+    """What decides each GPU's memory isolation: the driver's answer and the cgroup
+    facts (`gpuslice inspect`)."""
+    return cgroups.facts(limit_problem(backend))
 
 
 def isolation(
@@ -155,10 +150,9 @@ def isolation(
     claims (`claims`) for who holds which share."""
     if not opts.memory_isolation:
         return None
-    from gpuslice.adapters.cgroup_tree import PodCgroupTree
     from gpuslice.adapters.podresources import read_checkpoint
 
-    tree = PodCgroupTree(opts.cgroup_root)
+    tree = pod_cgroups(opts)
     path = os.path.join(opts.plugin_dir, CHECKPOINT)
 
     def build(devices: NodeDevices) -> Isolation:

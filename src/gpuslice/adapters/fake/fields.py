@@ -86,6 +86,11 @@ class Fields:
         value = self._get(key, (bool,), "true or false", required=False)
         return value if isinstance(value, bool) else default
 
+    def section(self, key: str, allowed: tuple[str, ...]) -> Fields | None:
+        """The mapping under `key` (None when absent), rejecting keys not in `allowed`."""
+        value = self._get(key, (dict,), "a mapping", required=False)
+        return None if value is None else Fields(value, self.at(key), self.source, allowed)
+
     def items(self, key: str, required: bool = False) -> Iterator[tuple[str, object]]:
         """(path, item) for each element of a list field."""
         value = self._get(key, (list,), "a list", required)

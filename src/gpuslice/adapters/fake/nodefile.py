@@ -22,7 +22,8 @@ from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, 
 from gpuslice.core.errors import ConfigError
 
 NODE_KEYS = ("name", "machine", "driver_version", "nvml_version", "cuda_driver_version")
-TOP_KEYS = (*NODE_KEYS, "gpus", "nvlink", "imex_channels")
+TOP_KEYS = (*NODE_KEYS, "gpus", "nvlink", "imex_channels", "cgroup")
+CGROUP_KEYS = ("version", "dmem")
 GPU_KEYS = (
     "model", "count", "name", "uuid", "minor", "memory_mib", "compute_capability",
     "pci_bus_id", "numa_node", "pcie_root", "brand", "architecture", "multiprocessors",
@@ -57,11 +58,22 @@ def mig_cap_paths(gpu_minor: int, gi: int, ci: int) -> tuple[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class SimulatedCgroup:
+    """The simulated node's cgroup tree, as `gpuslice inspect` and memory isolation see
+    it: by default cgroup v2 with the dmem controller over every GPU (a current node)."""
+
+    version: int = 2
+    dmem: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class NodeFile:
-    """A node description: its GPUs, and the IMEX channels whose device nodes exist."""
+    """A node description: its GPUs, the IMEX channels whose device nodes exist and its
+    cgroup tree's facts."""
 
     snapshot: HardwareSnapshot
     imex_channels: frozenset[int] = frozenset()
+    cgroup: SimulatedCgroup = SimulatedCgroup()
 
 
 def parse_node(text: str, source: str) -> HardwareSnapshot:
@@ -93,7 +105,20 @@ def parse_node_file(text: str, source: str) -> NodeFile:
         machine=top.opt_text("machine") or "",
         extra={"backend": "fake", "node": name},
     )
-    return NodeFile(snapshot, _imex_channels(top))
+    return NodeFile(snapshot, _imex_channels(top), _cgroup(top))
+
+
+def _cgroup(top: Fields) -> SimulatedCgroup:
+    f = top.section("cgroup", CGROUP_KEYS)
+    if f is None:
+        return SimulatedCgroup()
+    version = f.opt_integer("version", minimum=1) or 2
+    if version not in (1, 2):
+        f.fail(f.at("version"), f"expected 1 or 2, got {version}")
+    dmem = f.flag("dmem", version == 2)
+    if dmem and version == 1:
+        f.fail(f.at("dmem"), "the dmem controller needs cgroup v2 (version: 2)")
+    return SimulatedCgroup(version, dmem)
 
 
 def _imex_channels(top: Fields) -> frozenset[int]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from gpuslice.adapters.hosts import read_machine_type
 from gpuslice.core.cdi import EXTRA_NODES
 from gpuslice.core.container_spec import CONTROL_DEVICES, IMEX_CHANNELS
-from gpuslice.core.ports import GpuBackend, ProcessOwners, TimeSlicer
+from gpuslice.core.ports import GpuBackend, PodCgroups, ProcessOwners, TimeSlicer
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,11 @@ class RealHost:
 
     def machine_type(self, path: str) -> str | None:
         return read_machine_type(path)
+
+    def pod_cgroups(self, root: str) -> PodCgroups:
+        from gpuslice.adapters.cgroup_tree import PodCgroupTree
+
+        return PodCgroupTree(root)
 
     def process_owners(self) -> ProcessOwners | None:
         """The pods' cgroups under --proc-root say which pod a PID is in."""

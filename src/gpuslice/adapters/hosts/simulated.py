@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gpuslice.adapters.hosts import read_machine_type
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.ports import GpuBackend, ProcessOwners, TimeSlicer
+from gpuslice.core.ports import GpuBackend, PodCgroups, ProcessOwners, TimeSlicer
 
 SIMULATED_MPS_CONTROL = [sys.executable, "-m", "gpuslice.testing.mps_control"]
 
@@ -21,6 +21,7 @@ class SimulatedHost:
     mps_control_binary: str
     default_mps_control: str  # the flag's default: replaced by the simulated binary
     default_machine_type_file: str  # the host's DMI name: not the simulated node's
+    default_cgroup_root: str  # the host's cgroup tree: not the simulated node's
 
     def open_backend(self) -> GpuBackend:
         from gpuslice.adapters.fake import FakeBackend
@@ -45,6 +46,17 @@ class SimulatedHost:
     def machine_type(self, path: str) -> str | None:
         """None (the snapshot's own) unless a file other than the default is named."""
         return None if path == self.default_machine_type_file else read_machine_type(path)
+
+    def pod_cgroups(self, root: str) -> PodCgroups:
+        """The node file's cgroup facts, unless a tree other than the host's is named
+        (one laid out for the simulation, as the demo does)."""
+        if root != self.default_cgroup_root:
+            from gpuslice.adapters.cgroup_tree import PodCgroupTree
+
+            return PodCgroupTree(root)
+        from gpuslice.adapters.fake.cgroups import SimulatedCgroups
+
+        return SimulatedCgroups(self.node_file)
 
     def process_owners(self) -> ProcessOwners | None:
         """The backend knows its processes' pods (the events file says which) and ends

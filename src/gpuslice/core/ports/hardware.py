@@ -57,6 +57,11 @@ class MemoryLimits(Protocol):
 class PodCgroups(Protocol):
     """The kubelet's pod cgroups on the host (adapters.cgroup_tree). Blocking reads."""
 
+    def where(self) -> str:
+        """Which tree the facts describe, in a few words (this machine's, a simulated
+        node's). No I/O."""
+        ...
+
     def kubepods(self) -> tuple[str, ...]:
         """The kubelet's kubepods cgroups (host paths) that the last watched() or pods()
         found, wherever its --cgroup-root and cgroup driver put them. No I/O."""
@@ -116,6 +121,10 @@ class Host(Protocol):
 
     def machine_type(self, path: str) -> str | None:
         """The machine type read from `path`; None: the snapshot's own."""
+        ...
+
+    def pod_cgroups(self, root: str) -> PodCgroups:
+        """The kubelet's pod cgroups and the cgroup facts, under `root` (--cgroup-root)."""
         ...
 
     def process_owners(self) -> ProcessOwners | None:
