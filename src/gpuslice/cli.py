@@ -250,7 +250,7 @@ def labels(ctx: click.Context, /, log_level: str, log_format: str, **params: Any
     """
     start_logs(log_level, log_format)
     opts = run_options(ctx, params, "labels")
-    from gpuslice.labels_cmd import run_labels
+    from gpuslice.wiring.commands import run_labels
 
     try:
         asyncio.run(_until_signalled(run_labels, opts))
@@ -280,7 +280,7 @@ def mps_control(
     """
     start_logs(log_level, log_format)
     opts = run_options(ctx, params, "mps-control")
-    from gpuslice.mps_cmd import run_mps_control
+    from gpuslice.commands.mps_control import run_mps_control
 
     try:
         asyncio.run(
@@ -321,7 +321,7 @@ async def _until_signalled(
 def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
     """Show what a config advertises on some hardware, without a kubelet."""
     opts = run_options(ctx, params, "inspect")
-    from gpuslice.inspect import inspect_node, render_table
+    from gpuslice.commands.inspect import inspect_node, render_table
 
     try:
         report = inspect_node(opts)
@@ -343,14 +343,14 @@ def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
 def demo(profile: str, verbose: bool, show_advice: bool) -> None:
     """Run the agent on a simulated node against a kubelet stand-in and show what it does."""
     if show_advice:
-        from gpuslice.advise_cmd import demo_advice
+        from gpuslice.commands.advise import demo_advice
 
         try:
             click.echo(demo_advice())
         except GpusliceError as exc:
             fail(exc)
         return
-    from gpuslice.demo import run_demo
+    from gpuslice.commands.demo import run_demo
 
     try:
         asyncio.run(run_demo(profile, verbose=verbose, out=click.echo))
@@ -390,7 +390,7 @@ def advise(
     A secured Prometheus is read with a bearer token file, a CA bundle and a client
     certificate, as Prometheus' own HTTP client config names them.
     """
-    from gpuslice.advise_cmd import run_advise
+    from gpuslice.commands.advise import run_advise
     from gpuslice.config.flags import read_flags
     from gpuslice.config.prometheus_access import prometheus_access
 
@@ -477,7 +477,7 @@ def admission_render(
     is denied when every config caps it, and warned about when only some do. Apply with
     kubectl apply -f -; on a config change, apply again (only the params change).
     """
-    from gpuslice.admission_cmd import render_admission
+    from gpuslice.commands.admission import render_admission
 
     if bool(config_file) == bool(config_file_srcdir):
         fail("give one of --config-file PATH or --config-file-srcdir DIR")

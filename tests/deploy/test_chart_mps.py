@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from chart_kit import RELEASE, container, env, rendered, the, tool
 
-from gpuslice.mps_cmd import SOCKET_NAME
+from gpuslice.commands.mps_control import SOCKET_NAME
 
 ROOT = "/run/nvidia/mps"
 

@@ -86,7 +86,7 @@ def test_mps_control_loads_none_of_the_agent() -> None:
     composition loads the MPS adapter, not the agent's services or front-ends."""
     code = (
         "import json, sys\n"
-        "import gpuslice.mps_cmd, gpuslice.wiring.mps_control\n"
+        "import gpuslice.commands.mps_control, gpuslice.wiring.mps_control\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 
 from gpuslice import logs
+from gpuslice.commands.demo_isolation import isolation_walkthrough
 from gpuslice.config.options import resolve_options
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.core.waiting import first_of
-from gpuslice.demo_isolation import isolation_walkthrough
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.kubelet.records import (
@@ -32,7 +32,7 @@ from gpuslice.wiring.node import Node, build_node
 
 GPU = "nvidia.com/gpu"
 # Package data, so the demo runs from a wheel or an image (examples/ links to it).
-DEMO_CONFIG = resources.files(__package__).joinpath("data", "dgx-a100-demo.yaml")
+DEMO_CONFIG = resources.files("gpuslice").joinpath("data", "dgx-a100-demo.yaml")
 FAULTY_GPU = 3  # or the last GPU of a smaller node
 NODE = "demo-node"
 NAMESPACE = "default"
