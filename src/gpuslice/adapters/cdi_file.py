@@ -19,10 +19,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import yaml
-
 from gpuslice.adapters.outside_files import read_text, replace_atomically
-from gpuslice.config.yaml_text import load_yaml
+from gpuslice.config.yaml_text import YAMLError, load_yaml
 from gpuslice.core.cdi_toolkit import ToolkitDevices, missing, toolkit_names
 from gpuslice.core.errors import BackendError
 
@@ -106,7 +104,7 @@ def find_toolkit_devices(
             budget -= 1
             try:
                 names = toolkit_names(load_yaml(read_text(path, limit=MAX_BYTES, follow=False)))
-            except (OSError, yaml.YAMLError, RecursionError):
+            except (OSError, YAMLError, RecursionError):
                 continue
             if names:
                 return ToolkitDevices(names, path, None)

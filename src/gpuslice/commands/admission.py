@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import load_each
+from gpuslice.config.yaml_text import dump_documents
 from gpuslice.core.admission import CappedNames, admission_objects, capped_names, check_names
 from gpuslice.core.errors import ConfigError
 
@@ -31,7 +30,7 @@ def render(objects: list[dict[str, Any]], output: str) -> str:
     if output == "json":
         listing = {"apiVersion": "v1", "kind": "List", "items": objects}
         return json.dumps(listing, indent=2)
-    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=1000) for o in objects)
+    return dump_documents(objects)
 
 
 def render_admission(

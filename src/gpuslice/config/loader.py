@@ -18,13 +18,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuslice.config.checks import show
 from gpuslice.config.decode import config_error, decode_config
 from gpuslice.config.load_rules import apply_load_rules
 from gpuslice.config.v1 import Config
-from gpuslice.config.yaml_text import load_yaml
+from gpuslice.config.yaml_text import MarkedYAMLError, YAMLError, load_yaml
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.selection import find_entry
 
@@ -148,7 +146,7 @@ def _parse(text: str, source: str) -> object:
             pass  # YAML flow style (`{version: v1}`) is not JSON; YAML reports the error
     try:
         return load_yaml(text)
-    except yaml.MarkedYAMLError as exc:
+    except MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         context = exc.context if exc.context and not exc.context.startswith("while ") else None
@@ -156,7 +154,7 @@ def _parse(text: str, source: str) -> object:
         raise config_error(source, "", f"{where}not valid YAML or JSON: {problem}") from None
     except RecursionError:
         raise config_error(source, "", "not a config: nested too deeply") from None
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+    except (YAMLError, ValueError, TypeError, OverflowError) as exc:
         detail = " ".join(str(exc).split())[:120] or type(exc).__name__
         raise config_error(source, "", f"not valid YAML or JSON: {detail}") from None
 

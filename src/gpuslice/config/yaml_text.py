@@ -11,12 +11,17 @@ hundred bytes is refused before anything walks it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
 import yaml.cyaml
 
 from gpuslice.config.checks import show
+
+# The errors a read raises, for the modules that read YAML through this one.
+YAMLError = yaml.YAMLError
+MarkedYAMLError = yaml.MarkedYAMLError
 
 MAX_ALIASES = 1000
 MAX_NODES = 20_000  # also with aliases expanded; a real config has a few hundred
@@ -178,3 +183,8 @@ def _short(tag: str) -> str:
 
 def _refuse(node: yaml.Node, problem: str) -> None:
     raise yaml.composer.ComposerError(None, None, problem, node.start_mark)
+
+
+def dump_documents(objects: Iterable[object]) -> str:
+    """`objects` as YAML documents, each opened by `---`, keys in their order."""
+    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=1000) for o in objects)

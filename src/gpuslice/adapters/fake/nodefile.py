@@ -12,12 +12,10 @@ import re
 import uuid
 from dataclasses import dataclass
 
-import yaml
-
 from gpuslice.adapters.fake.fields import Fields, describe
 from gpuslice.adapters.fake.layout import apply_nvlinks, check_unique
 from gpuslice.adapters.fake.models import MODELS, GpuModel
-from gpuslice.config.yaml_text import load_yaml
+from gpuslice.config.yaml_text import YAMLError, load_yaml
 from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import ConfigError
 
@@ -85,7 +83,7 @@ def parse_node_file(text: str, source: str) -> NodeFile:
     """parse_node, with the node's IMEX channels."""
     try:
         data = load_yaml(text)  # bounded as config text is
-    except (yaml.YAMLError, RecursionError) as exc:
+    except (YAMLError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "unreadable"

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import httpx2
 import msgspec
-import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
@@ -43,6 +42,7 @@ from gpuslice.adapters.kube.watch import (
     WatchEvent,
     WatchGone,
 )
+from gpuslice.config.yaml_text import YAMLError
 from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import ConfigMapView
 
@@ -88,7 +88,7 @@ def make_client(kubeconfig: str | None) -> AsyncClient:
         ValueError,
         AttributeError,  # a YAML document that is not a mapping
         OSError,
-        yaml.YAMLError,
+        YAMLError,
         httpx2.InvalidURL,  # a malformed server URL
     ) as exc:
         why = f"no {exc} entry" if isinstance(exc, KeyError) else _one_line(exc)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
-import yaml
 
 from gpuslice.adapters.deviceplugin.api import unix_target
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as v1
@@ -37,6 +36,7 @@ from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2 as hpb
 from gpuslice.adapters.kubelet._proto.drahealth.v1alpha1 import api_pb2_grpc as hpb_grpc
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2 as reg
 from gpuslice.adapters.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpuslice.config.yaml_text import load_yaml
 from gpuslice.testing.kubelet.records import StandinError
 
 CALL_TIMEOUT_S = 45.0  # the kubelet's per-call timeout for DRA plugins
@@ -276,7 +276,7 @@ class DraKubeletStandin:
         paths = (glob.glob(os.path.join(self.cdi_dir, f"*.{ext}")) for ext in ("json", "yaml"))
         for path in sorted(p for found_here in paths for p in found_here):
             with open(path, encoding="utf-8") as f:
-                spec = yaml.safe_load(f)  # JSON is YAML too
+                spec: Any = load_yaml(f.read())  # JSON is YAML too
             for device in spec.get("devices", []):
                 name = f"{spec['kind']}={device['name']}"
                 if name in found:  # as the CDI registry: a name two specs define is a conflict
