@@ -95,6 +95,10 @@ def without(rule: Rule, verb: str) -> list[Rule]:
     return [r for r in DRA_RULES if r is not rule] + (changed if rest else [])
 
 
+def tear(path: Path) -> None:
+    path.write_text("{torn")
+
+
 async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
     """Publish (create, then update and delete on a shrinking pool), prepare and
     unprepare under `rules`; the status codes the API answered."""
@@ -109,10 +113,12 @@ async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
             "metadata": {"name": f"{NODE}-{DRIVER}-9", "resourceVersion": "1"},
             "spec": {"nodeName": NODE, "driver": DRIVER, "pool": {"generation": 0}},
         }
-        await rig.stop()  # a new agent finds the stray slice and deletes it
+        await rig.stop()  # a new agent finds the stray slice and deletes it,
+        tear(Path(rig.plugin_dir, "checkpoint.json"))  # and rebuilds a torn checkpoint
         await rig.start()
         await rig.kubelet.discover(DRIVER)
         await rig.api.wait_for(lambda s: bool(s.of("DELETE") or s.answered(403)))
+        await rig.frontend.driver.settled.wait()
         return {r.code or 0 for r in rig.api.requests}
 
 

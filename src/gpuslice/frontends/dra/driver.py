@@ -12,12 +12,15 @@ A refusal (bad config, device held, device unhealthy) is the claim's error, whic
 kubelet shows on the pod.
 
 Crash-safe in two phases: a claim is recorded PrepareStarted before its spec is written
-and PrepareCompleted after; unprepare removes the spec before the entry. At start the
+and PrepareCompleted after; unprepare removes the spec before the entry. Once the
+sockets are ours (`settle`: a predecessor has let go, its checkpoint is final) the
 claims left started (or whose spec an unprepare already removed) are rolled back and
 every spec of ours that no completed claim names is removed, so an agent killed at any
-step leaks no spec and loses no claim. An unreadable checkpoint is not taken for an
-empty one: prepare and unprepare refuse in one line (their answer would be a guess, and
-specs could stay behind) until it reads again.
+step leaks no spec and loses no claim; calls wait for it. A checkpoint that is not one
+(torn, corrupt, checksum wrong) is set aside and rebuilt (frontends.dra.recovery); one
+that cannot be read now (an I/O error) is not taken for an empty one: prepare and
+unprepare refuse in one line until it reads again. Each prepared claim keeps the memory
+limits of its pods, told to services.isolation at start and after each change.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 
 import structlog
@@ -36,6 +40,7 @@ from gpuslice.core.dra.claims import (
     ClaimRef,
     PreparedClaim,
     PrepareResult,
+    allocated_here,
     check_devices,
     parse_claim,
     prepared_devices,
@@ -44,12 +49,22 @@ from gpuslice.core.dra.claims import (
 from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
 from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
-from gpuslice.core.errors import BackendError
+from gpuslice.core.errors import BackendError, BadCheckpoint
+from gpuslice.core.isolation import Limit
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState, TimeSlicer
+from gpuslice.frontends.dra.recovery import Recovery
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    claim: PreparedClaim  # as recorded PrepareStarted
+    text: str  # its CDI spec
+    devices: tuple[DraDevice, ...]
+    interval: str | None  # a TimeSlicing interval asked for
 
 
 class DraDriver:
@@ -91,17 +106,45 @@ class DraDriver:
         self._health_gen = 0
         self._health_changed = asyncio.Condition()
         self.checkpoint_error = ""  # why the checkpoint could not be read; "" when it was
+        self.recovery: Recovery | None = None  # a bad checkpoint set aside and rebuilt
+        self.settled = asyncio.Event()  # set once the checkpoint is ours (settle)
 
     @property
     def driver(self) -> str:
         return self.opts.driver
 
     async def restore(self) -> None:
-        """Load the checkpoint, roll back claims left half prepared and remove the specs
-        no prepared claim names. An unreadable checkpoint is logged and kept as
-        `checkpoint_error`: calls refuse until it reads again."""
+        """At start, before the sockets are ours: the claims prepared before, and their
+        pods' memory limits, known before anything else runs. Nothing is changed on
+        disk (a predecessor may still serve); `settle` reads the file again."""
         try:
             self.prepared = await self._checkpoint.load()
+        except BackendError:  # a bad or unreadable file: settle() deals with it
+            return
+        self._tell_shares()
+
+    async def settle(self) -> None:
+        """Once the sockets are ours: read the checkpoint again (a predecessor's last
+        word), roll back, sweep; a bad file is set aside and rebuilt. Calls wait."""
+        async with self._lock:
+            await self._load()
+        self.settled.set()
+
+    async def read_checkpoint_again(self) -> None:
+        """While the checkpoint is unreadable, or claims wait for the API server to be
+        checked: try again (between calls)."""
+        async with self._lock:
+            if self.checkpoint_error:
+                await self._load()
+            elif self.recovery is not None and self.recovery.unverified:
+                await self._recover(self.recovery)
+
+    async def _load(self) -> None:
+        try:
+            self.prepared = await self._checkpoint.load()
+        except BadCheckpoint as exc:
+            await self._start_over(str(exc))
+            return
         except BackendError as exc:
             if str(exc) != self.checkpoint_error:
                 log.error("dra_checkpoint_unreadable", error=str(exc))
@@ -113,12 +156,77 @@ class DraDriver:
         if self.prepared:
             log.info("dra_claims_restored", claims=len(self.prepared))
         await self._sweep()
+        self._tell_shares()
 
-    async def read_checkpoint_again(self) -> None:
-        """While the checkpoint is unreadable: try again (between calls)."""
-        async with self._lock:
-            if self.checkpoint_error:
-                await self.restore()
+    async def _start_over(self, why: str) -> None:
+        """A file that is not a checkpoint: set it aside, serve on from nothing, and
+        rebuild what the API server and the specs left tell (frontends.dra.recovery).
+        One that cannot be moved cannot be replaced either: calls refuse meanwhile."""
+        try:
+            moved = await self._checkpoint.set_aside()
+            names = await self._specs.names()
+        except BackendError as exc:
+            self._unreadable(f"{why}; {exc}")
+            return
+        self.checkpoint_error = ""
+        self.prepared = {}
+        specs = {uid for n in names if (uid := spec_claim_uid(self.opts, n)) is not None}
+        self.recovery = Recovery(why, moved, specs)
+        await self._recover(self.recovery)
+
+    def _unreadable(self, why: str) -> None:
+        if why != self.checkpoint_error:
+            log.error("dra_checkpoint_unreadable", error=why)
+        self.checkpoint_error = why
+
+    async def _recover(self, recovery: Recovery) -> None:
+        """Prepare again the claims of the specs found that the API server still holds
+        allocated here; the others are lost: their specs go, one line names them."""
+        try:
+            found = await self._api.claims_on(self.node, self.driver)
+        except BackendError as exc:
+            if str(exc) != recovery.waiting:
+                log.warning("dra_checkpoint_rebuild_waiting", error=str(exc),
+                            claims=len(recovery.unverified))  # fmt: skip
+            recovery.waiting = str(exc)
+            return
+        rebuilt: dict[str, tuple[PreparedClaim, str]] = {}
+        for obj in found:
+            ref = allocated_here(obj, self.driver, self.node)
+            if ref is None or ref.uid not in recovery.unverified or ref.uid in self.prepared:
+                continue
+            try:
+                planned = await self._plan(ref, obj, recovering=True)
+            except ClaimError as exc:
+                log.warning("dra_claim_not_rebuilt", claim=str(ref), uid=ref.uid, error=str(exc))
+                continue
+            rebuilt[ref.uid] = (replace(planned.claim, completed=True), planned.text)
+        try:
+            for claim, text in rebuilt.values():
+                await self._specs.write(claim.spec, text)
+            claims = {u: c for u, (c, _) in rebuilt.items()}
+            await self._checkpoint.save({**self.prepared, **claims})
+        except BackendError as exc:
+            recovery.waiting = str(exc)
+            log.warning("dra_checkpoint_rebuild_waiting", error=str(exc))
+            return
+        self.prepared.update((u, c) for u, (c, _) in rebuilt.items())
+        lost = sorted(recovery.unverified - self.prepared.keys())
+        recovery.unverified.clear()
+        recovery.recovered, recovery.lost, recovery.waiting = sorted(rebuilt), lost, ""
+        for uid in lost:
+            await self._remove_quietly(spec_file_name(self.opts, uid))
+        log.error("dra_checkpoint_rebuilt", reason=recovery.reason, moved_to=recovery.moved_to,
+                  recovered=",".join(recovery.recovered) or "none",
+                  lost=",".join(lost) or "none")  # fmt: skip
+        self._tell_shares()
+
+    def _tell_shares(self) -> None:
+        """The pods' memory limits of every prepared claim, to services.isolation."""
+        if self.shares is not None:
+            self.shares.restore(
+                {u: (c.pods, dict(c.limits)) for u, c in self.prepared.items() if c.completed}
+            )
 
     async def _sweep(self) -> None:
         """Claims left PrepareStarted are rolled back, and so are claims whose spec is
@@ -147,12 +255,12 @@ class DraDriver:
     async def _readable(self) -> str:
         """ "" once the checkpoint was read (again, after it was not); else why not."""
         if self.checkpoint_error:
-            await self.restore()
+            await self._load()
         if not self.checkpoint_error:
             return ""
         return (
             f"{self.checkpoint_error}; claims are neither prepared nor unprepared until it "
-            "reads again (move it away to start empty)"
+            "reads again"
         )
 
     async def set_devices(self, devices: Iterable[DraDevice]) -> None:
@@ -164,6 +272,7 @@ class DraDriver:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out = {}
+        await self.settled.wait()
         async with self._lock:
             why = await self._readable()
             for ref in claims:
@@ -172,6 +281,7 @@ class DraDriver:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out = {}
+        await self.settled.wait()
         async with self._lock:
             why = await self._readable()
             for ref in claims:
@@ -226,21 +336,45 @@ class DraDriver:
             obj = await self._api.get_claim(ref.namespace, ref.name)
         except BackendError as exc:
             return self._refused(ref, f"claim {ref}: cannot read it: {exc}")
-        settings = self._view.settings
         try:
-            claim = await asyncio.to_thread(parse_claim, obj, ref, self.driver)
-            devices = check_devices(
-                claim,
-                self.devices,
-                pool=self.node,
-                unhealthy=self._view.unhealthy,
-                prepared=self.prepared,
-            )
-            sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
+            planned = await self._plan(ref, obj)
         except ClaimError as exc:
             return self._refused(ref, str(exc))
+        claim, spec = planned.claim, planned.claim.spec
+        try:
+            await self._record(claim)
+            if spec:
+                await self._specs.write(spec, planned.text)
+            await self._apply_interval(planned.devices, planned.interval)
+            await self._record(replace(claim, completed=True))
+        except BackendError as exc:
+            await self._roll_back(ref.uid, spec)
+            return self._refused(ref, f"claim {ref}: {exc}")
+        if self.recovery is not None:
+            self.recovery.unverified.discard(ref.uid)
+        if self.shares is not None:  # the pods' memory limits follow (services.isolation)
+            self.shares.put(ref.uid, claim.pods, dict(claim.limits))
+        log.info("dra_claim_prepared", claim=str(ref), uid=ref.uid,
+                 devices=",".join(d.device for d in claim.devices),
+                 ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+        return PrepareResult(claim.devices)
+
+    async def _plan(self, ref: ClaimRef, obj: dict[str, object], *, recovering: bool = False
+                    ) -> _Planned:  # fmt: skip
+        """The claim as it is to be recorded (PrepareStarted), its spec's text and
+        what its devices need. Raises ClaimError. `recovering`: a claim prepared
+        before (its devices' health is not asked again: its pods run)."""
+        settings = self._view.settings
+        claim = await asyncio.to_thread(parse_claim, obj, ref, self.driver)
+        devices = check_devices(
+            claim,
+            self.devices,
+            pool=self.node,
+            unhealthy=() if recovering else self._view.unhealthy,
+            prepared=self.prepared,
+        )
+        sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
         result = prepared_devices(claim, devices, self.opts, self.toolkit)
-        spec = spec_file_name(self.opts, ref.uid) if devices else ""
         text = claim_spec(
             ref.uid,
             devices,
@@ -250,23 +384,17 @@ class DraDriver:
             dev_root=settings.allocate.dev_root,
             control_devices=self._control,
         )
-        try:
-            await self._record(PreparedClaim(ref, result, spec, completed=False))
-            if spec:
-                await self._specs.write(spec, text)
-            await self._apply_interval(devices, sharing.interval)
-            await self._record(PreparedClaim(ref, result, spec))
-        except BackendError as exc:
-            await self._roll_back(ref.uid, spec)
-            return self._refused(ref, f"claim {ref}: {exc}")
-        if self.shares is not None:  # the pods' memory limits follow (services.isolation)
+        pods: tuple[str, ...] = ()
+        limits: dict[str, Limit] = {}
+        if self.shares is not None:
+            pods = claim_pods(obj)
             limits = claim_limits(obj, claim, devices, self._view.snapshot, settings.memory,
                                   self.driver)  # fmt: skip
-            self.shares.put(ref.uid, claim_pods(obj), limits)
-        log.info("dra_claim_prepared", claim=str(ref), uid=ref.uid,
-                 devices=",".join(d.device for d in result),
-                 ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
-        return PrepareResult(result)
+        spec = spec_file_name(self.opts, ref.uid) if devices else ""
+        recorded = PreparedClaim(
+            ref, result, spec, completed=False, pods=pods, limits=tuple(sorted(limits.items()))
+        )
+        return _Planned(recorded, text, tuple(devices), sharing.interval)
 
     async def _apply_interval(self, devices: Sequence[DraDevice], interval: str | None) -> None:
         """A TimeSlicing config's interval set on the claim's GPUs (a MIG device's parent
@@ -280,7 +408,7 @@ class DraDriver:
 
     async def _record(self, claim: PreparedClaim) -> None:
         """The claim in the checkpoint (on disk first, then here). Raises BackendError."""
-        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=False)
+        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim})
         self.prepared[claim.ref.uid] = claim
 
     async def _roll_back(self, uid: str, spec: str) -> None:
@@ -296,13 +424,19 @@ class DraDriver:
 
     async def _unprepare(self, ref: ClaimRef) -> str:
         done = self.prepared.get(ref.uid)
-        if done is None:
+        if done is None:  # never prepared, or forgotten with a bad checkpoint: its spec goes
+            try:
+                await self._specs.remove(spec_file_name(self.opts, ref.uid))
+            except BackendError as exc:
+                return f"claim {ref}: {exc}"
+            if self.recovery is not None:
+                self.recovery.unverified.discard(ref.uid)
             return ""
         try:
             if done.spec:
                 await self._specs.remove(done.spec)
             remaining = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
-            await self._checkpoint.save(remaining, durable=False)
+            await self._checkpoint.save(remaining)
         except BackendError as exc:
             log.error("dra_unprepare_failed", claim=str(done.ref), uid=ref.uid, error=str(exc))
             return f"claim {done.ref}: {exc}"
