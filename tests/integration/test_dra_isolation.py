@@ -6,22 +6,31 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 from agent_harness import AgentLauncher, remove_dir, short_dir
+from conftest import Logged
 from dra_harness import DRIVER, DraRig, dra_rig
 
+from gpuslice.adapters.cgroup_tree import PodCgroupTree
 from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.fswatch import DirWatcher
+from gpuslice.adapters.podresources import read_checkpoint
 from gpuslice.core.isolation import Limit
+from gpuslice.core.ports import GpuBackend
 from gpuslice.services.claim_shares import ClaimShares
+from gpuslice.services.isolation import Isolation
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.cgroups import CgroupTree, r615_node
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
 
 GPU0 = "gpu-0000-07-00-0"  # dgx-a100's first GPU (A100-SXM4-40GB)
 A100_MIB = 40960
+POD_A = "0b9f1c1e-6f0a-4d5e-9a3b-2c1d0e9f8a7b"
+POD_B = "5d2e7a40-1c3b-4f8e-b6a9-0e1f2d3c4b5a"
 TS_CONFIG = """\
 version: v1
 sharing:
@@ -132,3 +141,59 @@ async def test_the_agent_limits_a_dra_pods_cgroup_from_its_claim(
             assert dict(isolation.applied[pod].limits) == {gpu: Limit(3 << 30)}
         finally:
             await dra.close()
+
+
+async def test_a_restarted_agent_keeps_its_dra_pods_limits_and_never_clears_them(
+    root: str, tmp_path: Path, logged: Logged
+) -> None:
+    """A new front-end and a new isolation service over the same checkpoint directory,
+    simulated driver (its limits) and cgroup tree: the running pod's limit stays as it
+    was (neither cleared nor set again), and a pod whose claim was prepared before the
+    restart gets its limit when its cgroup appears after it."""
+    hardware = r615_node("t4", tmp_path / "node.yaml")
+    tree = CgroupTree(tmp_path / "cgroup")
+    kubelet_checkpoint = str(tmp_path / "kubelet_internal_checkpoint")  # no device-plugin pods
+    async with dra_rig(root, tmp_path, hardware=hardware, config=TS_CONFIG,
+                       flags={"memory-isolation": "true"}) as rig:  # fmt: skip
+        devices = rig.health.devices
+        tree.make_root(g.pci_bus_id for g in devices.snapshot.gpus)
+
+        def isolation() -> Isolation:  # what an agent's start builds over the node
+            cgroups = PodCgroupTree(tree.root)
+            return Isolation(devices, cgroups, lambda: read_checkpoint(kubelet_checkpoint),
+                             DirWatcher, claims=rig.shares)  # fmt: skip
+
+        rig.frontend.driver.shares = rig.shares = ClaimShares()
+        (device,) = await rig.published(bool)
+        a = rig.put_claim("a", device, consumedCapacity={"memory": "3Gi"})
+        b = rig.put_claim("b", device, consumedCapacity={"memory": "2Gi"})
+        reserve(rig, "a", POD_A)
+        reserve(rig, "b", POD_B)
+        results = await rig.kubelet.prepare(DRIVER, [a, b])
+        assert [r.error for r in results.values()] == ["", ""]
+        tree.create_pod(POD_A)
+        before = isolation()
+        await before.converge()
+        gpu = rig.gpu(0)
+        assert dict(before.applied[POD_A].limits) == {gpu: Limit(3 << 30)}
+
+        await rig.stop()  # the agent restarts (or its successor starts)
+        rig.shares = ClaimShares()
+        await rig.start()
+        since = len(logged)
+        tree.create_pod(POD_B)  # made by the kubelet while the agent restarted
+        after = isolation()
+        await after.converge()
+
+        def in_force(pod: str) -> Callable[[GpuBackend], int]:
+            """The hard limit the simulated driver holds for the pod's cgroup."""
+            cgroup = "/sys/fs/cgroup/" + str(tree.pod_dir(pod).relative_to(tree.root))
+            return lambda backend: cast(FakeBackend, backend).memory_limit(gpu, cgroup).hard
+
+        assert dict(after.applied[POD_A].limits) == {gpu: Limit(3 << 30)}
+        assert await devices.on_backend(in_force(POD_A)) == 3 << 30
+        assert dict(after.applied[POD_B].limits) == {gpu: Limit(2 << 30)}
+        assert await devices.on_backend(in_force(POD_B)) == 2 << 30
+        touched = [(e["event"], e.get("pod_uid")) for e in logged[since:]
+                   if str(e["event"]).startswith("memory_limit")]  # fmt: skip
+        assert touched == [("memory_limit_set", POD_B)]  # pod-a's was never cleared
