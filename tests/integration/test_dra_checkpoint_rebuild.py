@@ -137,23 +137,28 @@ async def test_bad_files_set_aside_are_kept_a_few_at_most(root: str, tmp_path: P
         assert len(aside) == 3
 
 
-async def test_the_kubelet_preparing_again_re_establishes_a_claim_the_api_could_not_give(
+async def test_the_kubelet_re_establishes_what_the_api_server_could_not_give(
     root: str, tmp_path: Path, logged: Logged
 ) -> None:
     async with dra_rig(root, tmp_path) as rig:
-        await rig.published(lambda d: GPU0 in d)
-        claim = rig.put_claim("a", GPU0)
-        before = await rig.kubelet.prepare(DRIVER, [claim])
+        await rig.published(lambda d: GPU0 in d and GPU1 in d)
+        a, b = rig.put_claim("a", GPU0), rig.put_claim("b", GPU1)
+        before = await rig.kubelet.prepare(DRIVER, [a, b])
         no_claim_list(rig)
         await restart_with(rig, torn)
-        # the API server refused the list: the spec stays (its pod may run), no loss claimed
-        assert rig.spec_files() == [spec_name(claim)]
+        # the API server refused the list: the specs stay (their pods may run), no loss claimed
+        assert rig.spec_files() == sorted([spec_name(a), spec_name(b)])
         assert rebuilt_lines(logged) == []
-        assert rig.frontend.status()["checkpointRebuilt"]["unverified"] == 1
-        # the kubelet prepares it again (a kubelet restart): it is recorded again
-        assert await rig.kubelet.prepare(DRIVER, [claim]) == before
-        assert list(rig.checkpoint()["claims"]) == [claim[1]]
+        assert rig.frontend.status()["checkpointRebuilt"]["unverified"] == 2
+        # the kubelet prepares one again (a kubelet restart): it is recorded again
+        assert await rig.kubelet.prepare(DRIVER, [a]) == {a[1]: before[a[1]]}
+        assert list(rig.checkpoint()["claims"]) == [a[1]]
+        # and unprepares the other (its pod ended): unknown here, its spec goes
+        assert await rig.kubelet.unprepare(DRIVER, [b]) == {b[1]: ""}
+        assert rig.spec_files() == [spec_name(a)]
         assert rig.frontend.status()["checkpointRebuilt"].get("unverified") is None
+        assert await rig.kubelet.unprepare(DRIVER, [a]) == {a[1]: ""}
+        assert rig.spec_files() == []
 
 
 async def test_a_save_killed_before_its_rename_loses_nothing(
