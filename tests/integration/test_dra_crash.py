@@ -77,6 +77,11 @@ def entries(root: str) -> dict[str, object]:
     return dict(json.loads(path.read_text())["claims"]) if path.exists() else {}
 
 
+async def settled(kubelet: DraKubeletStandin) -> None:
+    """Until the agent has taken its checkpoint over (calls are answered after that)."""
+    assert await kubelet.unprepare(DRIVER, [("ml", "never", "x")]) == {"never": ""}
+
+
 async def crash(root: str, step: str, *, unprepare: bool) -> None:
     async with FakeApiServer() as api:
         agent = Agent(root, str(write_kubeconfig(Path(root), api.url)))
@@ -100,6 +105,7 @@ async def crash(root: str, step: str, *, unprepare: bool) -> None:
             await kubelet.restart()
             await agent.start()
             await kubelet.discover(DRIVER, timeout_s=20)
+            await settled(kubelet)
             held = claim[1] in entries(root)
             # nothing leaked: a spec exists only for a claim the checkpoint holds
             assert specs(root) == ([spec] if held else [])

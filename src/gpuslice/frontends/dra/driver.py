@@ -12,15 +12,11 @@ A refusal (bad config, device held, device unhealthy) is the claim's error, whic
 kubelet shows on the pod.
 
 Crash-safe in two phases: a claim is recorded PrepareStarted before its spec is written
-and PrepareCompleted after; unprepare removes the spec before the entry. Once the
-sockets are ours (`settle`: a predecessor has let go, its checkpoint is final) the
-claims left started (or whose spec an unprepare already removed) are rolled back and
-every spec of ours that no completed claim names is removed, so an agent killed at any
-step leaks no spec and loses no claim; calls wait for it. A checkpoint that is not one
-(torn, corrupt, checksum wrong) is set aside and rebuilt (frontends.dra.recovery); one
-that cannot be read now (an I/O error) is not taken for an empty one: prepare and
-unprepare refuse in one line until it reads again. Each prepared claim keeps the memory
-limits of its pods, told to services.isolation at start and after each change.
+and PrepareCompleted after; unprepare removes the spec before the entry, and an
+unprepare of a claim unknown here removes the spec its UID names (one a bad checkpoint
+forgot). What happens to the checkpoint across restarts is frontends.dra.claim_state's;
+calls wait until it is settled. Each prepared claim records its pods' memory limits
+(services.isolation keeps them in force), so they survive a restart with it.
 """
 
 from __future__ import annotations
@@ -28,19 +24,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
-from gpuslice.core.dra.claim_cdi import claim_spec, spec_claim_uid, spec_file_name
+from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimRef,
     PreparedClaim,
     PrepareResult,
-    allocated_here,
     check_devices,
     parse_claim,
     prepared_devices,
@@ -49,25 +44,17 @@ from gpuslice.core.dra.claims import (
 from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
 from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
-from gpuslice.core.errors import BackendError, BadCheckpoint
+from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import Limit
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState, TimeSlicer
-from gpuslice.frontends.dra.recovery import Recovery
+from gpuslice.frontends.dra.claim_state import ClaimState, Planned
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
 
 
-@dataclass(frozen=True, slots=True)
-class _Planned:
-    claim: PreparedClaim  # as recorded PrepareStarted
-    text: str  # its CDI spec
-    devices: tuple[DraDevice, ...]
-    interval: str | None  # a TimeSlicing interval asked for
-
-
-class DraDriver:
+class DraDriver(ClaimState):
     """The DraHandler port. `toolkit` holds the NVIDIA Container Toolkit's CDI device names
     found on the node (the front-end looks them up at each step); `control_devices` the
     driver's control nodes present here."""
@@ -86,182 +73,20 @@ class DraDriver:
         shares: ClaimShares | None = None,  # per-pod memory limits (--memory-isolation)
         time_slicer: TimeSlicer | None = None,
     ) -> None:
-        self.shares = shares
+        super().__init__(
+            node=node, opts=opts, api=api, checkpoint=checkpoint, specs=specs, shares=shares
+        )
         self._slicer = time_slicer
-        self.node = node
-        self.opts = opts
         self._view = view
-        self._api = api
-        self._checkpoint = checkpoint
-        self._specs = specs
         self.toolkit = ToolkitDevices()
         self._control = tuple(control_devices)
         self._clock = clock
         self.devices: dict[str, DraDevice] = {}
-        self.prepared: dict[str, PreparedClaim] = {}
-        self._lock = asyncio.Lock()
         self._health: tuple[DeviceHealth, ...] = ()
         self._since: dict[str, int] = {}  # device -> when its health last changed
         self._bad: dict[str, bool] = {}
         self._health_gen = 0
         self._health_changed = asyncio.Condition()
-        self.checkpoint_error = ""  # why the checkpoint could not be read; "" when it was
-        self.recovery: Recovery | None = None  # a bad checkpoint set aside and rebuilt
-        self.settled = asyncio.Event()  # set once the checkpoint is ours (settle)
-
-    @property
-    def driver(self) -> str:
-        return self.opts.driver
-
-    async def restore(self) -> None:
-        """At start, before the sockets are ours: the claims prepared before, and their
-        pods' memory limits, known before anything else runs. Nothing is changed on
-        disk (a predecessor may still serve); `settle` reads the file again."""
-        try:
-            self.prepared = await self._checkpoint.load()
-        except BackendError:  # a bad or unreadable file: settle() deals with it
-            return
-        self._tell_shares()
-
-    async def settle(self) -> None:
-        """Once the sockets are ours: read the checkpoint again (a predecessor's last
-        word), roll back, sweep; a bad file is set aside and rebuilt. Calls wait."""
-        async with self._lock:
-            await self._load()
-        self.settled.set()
-
-    async def read_checkpoint_again(self) -> None:
-        """While the checkpoint is unreadable, or claims wait for the API server to be
-        checked: try again (between calls)."""
-        async with self._lock:
-            if self.checkpoint_error:
-                await self._load()
-            elif self.recovery is not None and self.recovery.unverified:
-                await self._recover(self.recovery)
-
-    async def _load(self) -> None:
-        try:
-            self.prepared = await self._checkpoint.load()
-        except BadCheckpoint as exc:
-            await self._start_over(str(exc))
-            return
-        except BackendError as exc:
-            if str(exc) != self.checkpoint_error:
-                log.error("dra_checkpoint_unreadable", error=str(exc))
-            self.checkpoint_error = str(exc)
-            return
-        if self.checkpoint_error:
-            log.info("dra_checkpoint_readable")
-        self.checkpoint_error = ""
-        if self.prepared:
-            log.info("dra_claims_restored", claims=len(self.prepared))
-        await self._sweep()
-        self._tell_shares()
-
-    async def _start_over(self, why: str) -> None:
-        """A file that is not a checkpoint: set it aside, serve on from nothing, and
-        rebuild what the API server and the specs left tell (frontends.dra.recovery).
-        One that cannot be moved cannot be replaced either: calls refuse meanwhile."""
-        try:
-            moved = await self._checkpoint.set_aside()
-            names = await self._specs.names()
-        except BackendError as exc:
-            self._unreadable(f"{why}; {exc}")
-            return
-        self.checkpoint_error = ""
-        self.prepared = {}
-        specs = {uid for n in names if (uid := spec_claim_uid(self.opts, n)) is not None}
-        self.recovery = Recovery(why, moved, specs)
-        await self._recover(self.recovery)
-
-    def _unreadable(self, why: str) -> None:
-        if why != self.checkpoint_error:
-            log.error("dra_checkpoint_unreadable", error=why)
-        self.checkpoint_error = why
-
-    async def _recover(self, recovery: Recovery) -> None:
-        """Prepare again the claims of the specs found that the API server still holds
-        allocated here; the others are lost: their specs go, one line names them."""
-        try:
-            found = await self._api.claims_on(self.node, self.driver)
-        except BackendError as exc:
-            if str(exc) != recovery.waiting:
-                log.warning("dra_checkpoint_rebuild_waiting", error=str(exc),
-                            claims=len(recovery.unverified))  # fmt: skip
-            recovery.waiting = str(exc)
-            return
-        rebuilt: dict[str, tuple[PreparedClaim, str]] = {}
-        for obj in found:
-            ref = allocated_here(obj, self.driver, self.node)
-            if ref is None or ref.uid not in recovery.unverified or ref.uid in self.prepared:
-                continue
-            try:
-                planned = await self._plan(ref, obj, recovering=True)
-            except ClaimError as exc:
-                log.warning("dra_claim_not_rebuilt", claim=str(ref), uid=ref.uid, error=str(exc))
-                continue
-            rebuilt[ref.uid] = (replace(planned.claim, completed=True), planned.text)
-        try:
-            for claim, text in rebuilt.values():
-                await self._specs.write(claim.spec, text)
-            claims = {u: c for u, (c, _) in rebuilt.items()}
-            await self._checkpoint.save({**self.prepared, **claims})
-        except BackendError as exc:
-            recovery.waiting = str(exc)
-            log.warning("dra_checkpoint_rebuild_waiting", error=str(exc))
-            return
-        self.prepared.update((u, c) for u, (c, _) in rebuilt.items())
-        lost = sorted(recovery.unverified - self.prepared.keys())
-        recovery.unverified.clear()
-        recovery.recovered, recovery.lost, recovery.waiting = sorted(rebuilt), lost, ""
-        for uid in lost:
-            await self._remove_quietly(spec_file_name(self.opts, uid))
-        log.error("dra_checkpoint_rebuilt", reason=recovery.reason, moved_to=recovery.moved_to,
-                  recovered=",".join(recovery.recovered) or "none",
-                  lost=",".join(lost) or "none")  # fmt: skip
-        self._tell_shares()
-
-    def _tell_shares(self) -> None:
-        """The pods' memory limits of every prepared claim, to services.isolation."""
-        if self.shares is not None:
-            self.shares.restore(
-                {u: (c.pods, dict(c.limits)) for u, c in self.prepared.items() if c.completed}
-            )
-
-    async def _sweep(self) -> None:
-        """Claims left PrepareStarted are rolled back, and so are claims whose spec is
-        gone (an unprepare killed between removing the spec and the entry); specs of
-        ours that no remaining claim names are removed."""
-        try:
-            names = await self._specs.names()
-            kept = {
-                uid: c
-                for uid, c in self.prepared.items()
-                if c.completed and (not c.spec or c.spec in names)
-            }
-            if kept != self.prepared:
-                await self._checkpoint.save(kept)
-                gone = sorted(set(self.prepared) - set(kept))
-                self.prepared = kept
-                log.warning("dra_claims_rolled_back", claims=",".join(gone))
-            for name in names:
-                uid = spec_claim_uid(self.opts, name)
-                if uid is not None and uid not in self.prepared:
-                    await self._specs.remove(name)
-                    log.warning("dra_orphan_spec_removed", spec=name, uid=uid)
-        except BackendError as exc:
-            log.error("dra_sweep_failed", error=str(exc))
-
-    async def _readable(self) -> str:
-        """ "" once the checkpoint was read (again, after it was not); else why not."""
-        if self.checkpoint_error:
-            await self._load()
-        if not self.checkpoint_error:
-            return ""
-        return (
-            f"{self.checkpoint_error}; claims are neither prepared nor unprepared until it "
-            "reads again"
-        )
 
     async def set_devices(self, devices: Iterable[DraDevice]) -> None:
         """The devices published now (the front-end's step)."""
@@ -360,7 +185,7 @@ class DraDriver:
         return PrepareResult(claim.devices)
 
     async def _plan(self, ref: ClaimRef, obj: dict[str, object], *, recovering: bool = False
-                    ) -> _Planned:  # fmt: skip
+                    ) -> Planned:  # fmt: skip
         """The claim as it is to be recorded (PrepareStarted), its spec's text and
         what its devices need. Raises ClaimError. `recovering`: a claim prepared
         before (its devices' health is not asked again: its pods run)."""
@@ -394,7 +219,7 @@ class DraDriver:
         recorded = PreparedClaim(
             ref, result, spec, completed=False, pods=pods, limits=tuple(sorted(limits.items()))
         )
-        return _Planned(recorded, text, tuple(devices), sharing.interval)
+        return Planned(recorded, text, tuple(devices), sharing.interval)
 
     async def _apply_interval(self, devices: Sequence[DraDevice], interval: str | None) -> None:
         """A TimeSlicing config's interval set on the claim's GPUs (a MIG device's parent
@@ -449,9 +274,3 @@ class DraDriver:
     def _refused(self, ref: ClaimRef, why: str) -> PrepareResult:
         log.warning("dra_claim_refused", claim=str(ref), uid=ref.uid, error=why)
         return PrepareResult(error=why)
-
-    async def _remove_quietly(self, spec: str) -> None:
-        try:
-            await self._specs.remove(spec)
-        except BackendError as exc:
-            log.error("dra_spec_not_removed", spec=spec, error=str(exc))
