@@ -100,6 +100,11 @@ async def test_a_bad_checkpoint_is_set_aside_and_rebuilt_from_the_api_server(
         assert str(line["reason"]).startswith(f"DRA checkpoint {path}: ")
         aside = str(line["moved_to"]).removeprefix(rig.plugin_dir + "/")
         assert read(rig, aside) == bad  # kept beside it, for a person to look at
+        (event,) = [e for e in rig.api.events if e["reason"] == "DraCheckpointRebuilt"]
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "Node"
+        assert event["metadata"]["namespace"] == "default"
+        assert event["message"].endswith(f"claims prepared again: 1; lost: {gone[1]}")
         status = rig.frontend.status()
         assert status["checkpointRebuilt"]["lost"] == [gone[1]]
         assert status["checkpointRebuilt"]["recovered"] == 1

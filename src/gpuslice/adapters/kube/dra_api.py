@@ -12,6 +12,8 @@ import copy
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from gpuslice.core.dra.claims import allocated_here
 from gpuslice.core.dra.slices import SliceChange
 from gpuslice.core.errors import BackendError
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 LIST_PAGE = 500
 MAX_LISTED = 200_000
 LIST_TIMEOUT_S = 120.0
+MAX_MESSAGE = 1024  # an Event's message, as the API server keeps it
+_log = structlog.get_logger()
 
 
 class KubeDraApi:
@@ -57,6 +61,17 @@ class KubeDraApi:
                 f"list ResourceClaims: not done within {LIST_TIMEOUT_S:g} s", transient=True
             ) from None
         return out
+
+    async def node_event(self, node: str, reason: str, message: str) -> None:
+        from gpuslice.adapters.kube import objects
+
+        kind = objects.event_type(warning=True)
+        try:
+            await self._session.create_event(
+                objects.NODE_EVENT_NAMESPACE, node, None, reason, message[:MAX_MESSAGE], kind
+            )
+        except Exception as exc:  # best effort by contract: an Event must never stop the agent
+            _log.warning("node_event_failed", node=node, reason=reason, error=str(exc))
 
     async def list_slices(self, node: str, driver: str) -> list[dict[str, object]]:
         return list(await self._session.list_slices(node, driver))

@@ -121,6 +121,10 @@ class DraApi(Protocol):
         in pages, bounded in size and time. Raises BackendError."""
         ...
 
+    async def node_event(self, node: str, reason: str, message: str) -> None:
+        """A Warning Event about the Node; best effort: never raises."""
+        ...
+
     async def list_slices(self, node: str, driver: str) -> list[dict[str, object]]:
         """This node's slices of `driver`. Raises BackendError."""
         ...

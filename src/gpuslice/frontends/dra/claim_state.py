@@ -28,6 +28,7 @@ from gpuslice.frontends.dra.recovery import Recovery
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
+REBUILT = "DraCheckpointRebuilt"  # the reason of the Node's Event
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,7 @@ class ClaimState:
         log.error("dra_checkpoint_rebuilt", reason=recovery.reason, moved_to=recovery.moved_to,
                   recovered=",".join(recovery.recovered) or "none",
                   lost=",".join(lost) or "none")  # fmt: skip
+        await self._api.node_event(self.node, REBUILT, recovery.message())
         self._tell_shares()
 
     def _tell_shares(self) -> None:

@@ -12,9 +12,9 @@ from an empty set of prepared claims, rebuilt from two sources:
   records it; an unprepare of a claim unknown here succeeds and removes its spec.
 
 The other specs' claims are lost: the API server no longer holds them allocated here (their
-pods are gone) or they cannot be prepared again; their specs are removed and one log line
-names them. While the API server cannot be read, the specs found are left in place (their
-pods may run) and the read is tried again.
+pods are gone) or they cannot be prepared again; their specs are removed, and one log line
+and one Warning Event on the Node name them. While the API server cannot be read, the
+specs found are left in place (their pods may run) and the read is tried again.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ class Recovery:
     recovered: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     waiting: str = ""  # why the API server could not be read yet
+
+    def message(self) -> str:
+        """The Node Event's message: one line."""
+        return (
+            f"{self.reason}; moved to {self.moved_to}; claims prepared again: "
+            f"{len(self.recovered)}; lost: {', '.join(self.lost) or 'none'}"
+        )
 
     def status(self) -> dict[str, object]:
         """The readiness detail (never a reason to be unready: the agent serves)."""
