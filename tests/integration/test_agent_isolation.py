@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from agent_harness import EXAMPLES, AgentLauncher, RunningAgent
+from conftest import Logged
 from process_harness import run_once
 
 from gpuslice.adapters.cgroup_tree import PodCgroupTree
@@ -115,7 +116,7 @@ async def test_a_pod_is_stopped_at_its_limit_while_its_neighbour_keeps_allocatin
 
 
 async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
-    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path, logged: Logged
 ) -> None:
     node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
     a = (await kubelet.admit("a", {"main": {GPU: 2}}))[0]
@@ -131,7 +132,8 @@ async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
     node.backend.set_memory_limit(gpu, node.host_path(b.pod_uid), Limit(1 << 30))  # not its share
 
     # The agent restarts: a new service over the same driver state and the kubelet's records
-    # keeps what matches them and corrects what does not.
+    # keeps what matches them (never cleared in between) and corrects what does not.
+    since = len(logged)
     fresh = Isolation(
         node.running.devices,
         PodCgroupTree(node.tree.root),
@@ -139,6 +141,7 @@ async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
         DirWatcher,
     )
     await fresh.converge()
+    assert [e for e in logged[since:] if e.get("pod_uid") == a.pod_uid] == []  # a's untouched
     assert fresh.applied[a.pod_uid].limits == limits
     assert fresh.applied[b.pod_uid].limits == {gpu: Limit(SHARE)}
     assert node.backend.memory_limit(gpu, node.host_path(b.pod_uid)).hard == SHARE

@@ -16,6 +16,7 @@ import pytest
 from agent_harness import remove_dir, short_dir
 from conftest import Logged
 from dra_harness import DRIVER, DraRig, dra_rig
+from faults_harness import eventually
 
 from gpuslice.testing.apiserver.access import Grant
 
@@ -164,6 +165,25 @@ async def test_the_kubelet_re_establishes_what_the_api_server_could_not_give(
         assert rig.frontend.status()["checkpointRebuilt"].get("unverified") is None
         assert await rig.kubelet.unprepare(DRIVER, [a]) == {a[1]: ""}
         assert rig.spec_files() == []
+
+
+async def test_the_rebuild_waits_for_the_api_server_and_then_completes(
+    root: str, tmp_path: Path, logged: Logged
+) -> None:
+    async with dra_rig(root, tmp_path) as rig:
+        await rig.published(lambda d: GPU0 in d and GPU1 in d)
+        kept, gone = rig.put_claim("kept", GPU0), rig.put_claim("gone", GPU1)
+        await rig.kubelet.prepare(DRIVER, [kept, gone])
+        del rig.api.dra.claims[("ml", "gone")]
+        no_claim_list(rig)
+        await restart_with(rig, flipped)
+        assert any(e["event"] == "dra_checkpoint_rebuild_waiting" for e in logged)
+        rig.api.grants = None  # the RBAC fixed: the next try reads the claims
+        await eventually(lambda: bool(rebuilt_lines(logged)), "the rebuild completing")
+        (line,) = rebuilt_lines(logged)
+        assert (line["recovered"], line["lost"]) == (kept[1], gone[1])
+        assert rig.spec_files() == [spec_name(kept)]
+        assert list(rig.checkpoint()["claims"]) == [kept[1]]
 
 
 async def test_a_save_killed_before_its_rename_loses_nothing(
