@@ -30,7 +30,7 @@ from functools import partial
 import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
-from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
+from gpuslice.core.dra.claim_cdi import claim_spec, claim_spec_name, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimRef,
@@ -250,8 +250,10 @@ class DraDriver(ClaimState):
     async def _unprepare(self, ref: ClaimRef) -> str:
         done = self.prepared.get(ref.uid)
         if done is None:  # never prepared, or forgotten with a bad checkpoint: its spec goes
+            name = claim_spec_name(self.opts, ref.uid)
             try:
-                await self._specs.remove(spec_file_name(self.opts, ref.uid))
+                if name is not None:
+                    await self._specs.remove(name)
             except BackendError as exc:
                 return f"claim {ref}: {exc}"
             if self.recovery is not None:

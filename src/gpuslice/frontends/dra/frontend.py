@@ -218,9 +218,10 @@ class DraFrontEnd:
             if self.driver.checkpoint_error:
                 await self.driver.read_checkpoint_again()
                 delay = self._check_s  # until it reads: nothing can be prepared
-            elif self._rebuilding():
+            elif self._rebuilding():  # settle() tried once: wait before each next try
+                if rebuilds:
+                    await self.driver.read_checkpoint_again()
                 rebuilds += 1
-                await self.driver.read_checkpoint_again()
                 delay = self.retry_delay(rebuilds) if self._rebuilding() else None
             try:
                 if changes != registrations:
