@@ -5,6 +5,7 @@ of a replicated GPU; unprepare takes it back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -197,3 +198,40 @@ async def test_a_restarted_agent_keeps_its_dra_pods_limits_and_never_clears_them
         touched = [(e["event"], e.get("pod_uid")) for e in logged[since:]
                    if str(e["event"]).startswith("memory_limit")]  # fmt: skip
         assert touched == [("memory_limit_set", POD_B)]  # pod-a's was never cleared
+
+
+async def test_a_successor_takes_over_the_claims_its_predecessor_prepared_until_it_let_go(
+    rig: DraRig,
+) -> None:
+    """A rolling update: the successor reads the checkpoint at start, while its predecessor
+    still serves and prepares; once the predecessor lets go of the sockets the successor
+    reads it again, so a claim prepared in between is known, its pods' limits with it."""
+    assert rig.shares is None
+    rig.shares = rig.frontend.driver.shares
+    a = rig.put_claim("a", GPU0, consumedCapacity={"memory": "2Gi"})
+    reserve(rig, "a", POD_A)
+    assert (await rig.kubelet.prepare(DRIVER, [a]))[a[1]].error == ""
+    predecessor, its_client = rig.task, rig.client
+    rig.task = rig.client = None
+    rig.shares = successor_shares = ClaimShares()
+    await rig.start()  # the successor: its sockets wait for the predecessor's
+    await rig.frontend.blocked.wait()
+    assert set(successor_shares.by_pod()) == {POD_A}  # known before its first isolation pass
+    b = rig.put_claim("b", GPU0, consumedCapacity={"memory": "1Gi"})
+    reserve(rig, "b", POD_B)
+    assert (await rig.kubelet.prepare(DRIVER, [b]))[b[1]].error == ""  # the predecessor's
+    assert predecessor is not None
+    assert its_client is not None
+    predecessor.cancel()  # it lets go
+    with contextlib.suppress(asyncio.CancelledError):
+        await predecessor
+    await its_client.close()
+    await rig.frontend.driver.settled.wait()
+    assert set(rig.frontend.driver.prepared) == {a[1], b[1]}
+    assert successor_shares.by_pod() == {
+        POD_A: {rig.gpu(0): Limit(2 << 30)},
+        POD_B: {rig.gpu(0): Limit(1 << 30)},
+    }
+    await rig.kubelet.discover(DRIVER)
+    assert await rig.kubelet.unprepare(DRIVER, [a, b]) == {a[1]: "", b[1]: ""}
+    assert rig.spec_files() == []
