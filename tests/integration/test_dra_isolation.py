@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import cast
 
 import pytest
-from agent_harness import AgentLauncher, remove_dir, short_dir
+from agent_harness import AgentLauncher, RunningAgent, remove_dir, short_dir
 from conftest import Logged
 from dra_harness import DRIVER, DraRig, dra_rig
+from faults_harness import eventually
 
 from gpuslice.adapters.cgroup_tree import PodCgroupTree
 from gpuslice.adapters.fake import FakeBackend
@@ -27,6 +29,7 @@ from gpuslice.services.isolation import Isolation
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.cgroups import CgroupTree, r615_node
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
+from gpuslice.wiring.agent import Parts
 
 GPU0 = "gpu-0000-07-00-0"  # dgx-a100's first GPU (A100-SXM4-40GB)
 A100_MIB = 40960
@@ -235,3 +238,80 @@ async def test_a_successor_takes_over_the_claims_its_predecessor_prepared_until_
     await rig.kubelet.discover(DRIVER)
     assert await rig.kubelet.unprepare(DRIVER, [a, b]) == {a[1]: "", b[1]: ""}
     assert rig.spec_files() == []
+
+
+async def test_a_restarted_agent_keeps_the_limits_of_its_dra_pods(
+    launcher: AgentLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged: Logged
+) -> None:
+    """The whole agent stopped and a new one started over the same plugin directories,
+    cgroup tree and simulated driver (whose limits, as a real driver's, outlive the
+    agent): the running pod's limit is never cleared, and the pod whose cgroup the
+    kubelet made meanwhile is limited from its claim, prepared before the restart."""
+    for proxy in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    config = tmp_path / "ts.yaml"
+    config.write_text(TS_CONFIG)
+    tree = CgroupTree(tmp_path / "cgroup")
+    plugin_dir = launcher.plugin_dir
+    driver_state: list[GpuBackend] = []
+
+    def same_driver(deps: Parts) -> Parts:
+        def open_backend() -> GpuBackend:
+            if not driver_state:
+                driver_state.append(deps.open_backend())
+            return driver_state[0]
+
+        return dataclasses.replace(deps, open_backend=open_backend)
+
+    async with FakeApiServer() as api:
+        flags = {
+            "dra": "true",
+            "node-name": "node-a",
+            "kubeconfig": str(write_kubeconfig(Path(plugin_dir), api.url)),
+            "dra-plugins-dir": os.path.join(plugin_dir, "plugins"),
+            "dra-registry-dir": os.path.join(plugin_dir, "registry"),
+            "labels": "false",
+            "memory-isolation": "true",
+            "cgroup-root": str(tree.root),
+        }
+        tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
+        node = r615_node("t4", tmp_path / "node.yaml")
+        first = await launcher.start(node, config=config, flags=flags, change=same_driver)
+        dra = DraKubeletStandin(flags["dra-registry-dir"], launcher.cdi_spec_dir)
+        try:
+            await dra.discover(DRIVER)
+            await api.wait_for(lambda server: bool(server.dra.node_devices("node-a")))
+            (device,) = api.dra.node_devices("node-a")
+            refs = []
+            for name, pod, memory in (("a", POD_A, "3Gi"), ("b", POD_B, "1Gi")):
+                results = [{"request": "gpu", "driver": DRIVER, "pool": "node-a",
+                            "device": device, "consumedCapacity": {"memory": memory}}]  # fmt: skip
+                obj = api.dra.put_claim("ml", name, results)
+                obj["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": pod}]
+                refs.append(("ml", obj["metadata"]["uid"], name))
+            answers = await dra.prepare(DRIVER, refs)
+            assert [r.error for r in answers.values()] == ["", ""]
+            tree.create_pod(POD_A)
+            gpu = first.devices.snapshot.gpus[0].uuid
+            await until_limited(first, POD_A)
+            since = len(logged)
+            await first.shutdown()  # the agent restarts
+            tree.create_pod(POD_B)  # the kubelet goes on meanwhile
+            second = await launcher.start(node, config=config, flags=flags, change=same_driver)
+            await until_limited(second, POD_B)
+            isolation = second.node.isolation
+            assert isolation is not None
+            assert dict(isolation.applied[POD_A].limits) == {gpu: Limit(3 << 30)}
+            assert dict(isolation.applied[POD_B].limits) == {gpu: Limit(1 << 30)}
+            touched = [(e["event"], e["pod_uid"]) for e in logged[since:]
+                       if str(e["event"]).startswith("memory_limit")]  # fmt: skip
+            assert touched == [("memory_limit_set", POD_B)]  # POD_A's: never cleared
+        finally:
+            await dra.close()
+
+
+async def until_limited(running: RunningAgent, pod: str) -> None:
+    isolation = running.node.isolation
+    assert isolation is not None
+    await eventually(lambda: bool(pod in isolation.applied and isolation.applied[pod].limits),
+                     f"pod {pod} limited", timeout_s=30)  # fmt: skip
