@@ -115,10 +115,14 @@ async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
         }
         await rig.stop()  # a new agent finds the stray slice and deletes it,
         tear(Path(rig.plugin_dir, "checkpoint.json"))  # and rebuilds a torn checkpoint
+        watches = len(rig.api.watches("resourceslices"))
         await rig.start()
         await rig.kubelet.discover(DRIVER)
         await rig.api.wait_for(lambda s: bool(s.of("DELETE") or s.answered(403)))
-        await rig.frontend.driver.settled.wait()
+        await rig.frontend.driver.settled.wait()  # the claims listed
+        await rig.api.wait_for(  # and the slices watched, answered
+            lambda s: any(r.code for r in s.watches("resourceslices")[watches:])
+        )
         return {r.code or 0 for r in rig.api.requests}
 
 
