@@ -172,7 +172,8 @@ class ClaimState:
         self.prepared.update((u, c) for u, (c, _) in rebuilt.items())
         lost = sorted(recovery.unverified - self.prepared.keys())
         recovery.unverified.clear()
-        recovery.recovered, recovery.lost, recovery.waiting = sorted(rebuilt), lost, ""
+        recovery.recovered += sorted(rebuilt)
+        recovery.lost, recovery.waiting = lost, ""
         for uid in lost:
             await self._remove_quietly(spec_file_name(self.opts, uid))
         log.error("dra_checkpoint_rebuilt", reason=recovery.reason, moved_to=recovery.moved_to,
