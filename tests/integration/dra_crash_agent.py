@@ -63,8 +63,8 @@ class Checkpoint(ClaimCheckpointFile):
         super().__init__(directory)
         self.steps = steps
 
-    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        await self.steps.run(lambda: super(Checkpoint, self).save(claims))
+    async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
+        await self.steps.run(lambda: super(Checkpoint, self).save(claims, durable=durable))
 
 
 class Specs(ClaimSpecDir):

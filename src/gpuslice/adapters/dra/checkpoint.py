@@ -5,13 +5,14 @@ of their pods are kept.
 One JSON file in the plugin's directory under /var/lib/kubelet/plugins, which the agent
 owns but other processes could tamper with: it is read through adapters.outside_files
 (without following a link, only as a regular file, up to MAX_BYTES) and decoded off the
-loop into a typed value. Every save is durable before a prepare or unprepare is
-answered: a temporary file in the same directory, fsync'ed, renamed over the old one,
-and the directory fsync'ed. The file carries a checksum of its claims as written
-(sha256 of the exact bytes of `claims`), as the kubelet's own checkpoints carry one of
-their data, so a torn or altered file is told from a checkpoint: it raises BadCheckpoint
-(the driver sets it aside and rebuilds). A file without a checksum, as releases before
-it wrote, is read as it is.
+loop into a typed value. Every save a prepare's or an unprepare's answer depends on is
+durable before it is sent: a temporary file in the same directory, fsync'ed, renamed
+over the old one, and the directory fsync'ed (a PrepareStarted mark is only renamed
+into place: frontends.dra.driver says why that is enough). The file carries a checksum
+of its claims as written (sha256 of the exact bytes of `claims`), as the kubelet's own
+checkpoints carry one of their data, so a torn or altered file is told from a
+checkpoint: it raises BadCheckpoint (the driver sets it aside and rebuilds). A file
+without a checksum, as releases before it wrote, is read as it is.
 
     {"version": 1, "claims": {"<uid>": {...}}, "checksum": "<sha256 hex of claims>"}
 
@@ -31,6 +32,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import msgspec
 
@@ -101,13 +103,14 @@ class ClaimCheckpointFile:
     async def load(self) -> dict[str, PreparedClaim]:
         return await asyncio.to_thread(self._load)
 
-    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+    async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
         text = encode(claims)
         try:
             if self._tidy:
                 await asyncio.to_thread(self._remove_leftovers)
                 self._tidy = False
-            await asyncio.to_thread(replace_atomically, self.path, text, 0o600, dir_mode=0o750)
+            write = partial(replace_atomically, dir_mode=0o750, durable=durable)
+            await asyncio.to_thread(write, self.path, text, 0o600)
         except OSError as exc:
             raise BackendError(
                 f"DRA checkpoint {self.path}: cannot write: {exc.strerror or exc}", transient=True

@@ -80,9 +80,9 @@ class ClaimCheckpoint(Protocol):
         when it cannot be read now."""
         ...
 
-    async def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the checkpoint atomically and durably (it survives a crash of the
-        node). Raises BackendError."""
+    async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
+        """Replace the checkpoint atomically and, when `durable`, so that it survives a
+        crash of the node (fsync'ed before and after its rename). Raises BackendError."""
         ...
 
     async def set_aside(self) -> str:

@@ -166,8 +166,10 @@ class DraDriver(ClaimState):
         except ClaimError as exc:
             return self._refused(ref, str(exc))
         claim, spec = planned.claim, planned.claim.spec
-        try:
-            await self._record(claim)
+        try:  # PrepareStarted only marks the spec as ours should the agent be killed: a node
+            # crash losing it loses nothing (the spec is an orphan, swept), and a torn file
+            # is rebuilt; PrepareCompleted, which the answer depends on, is durable
+            await self._record(claim, durable=False)
             if spec:
                 await self._specs.write(spec, planned.text)
             await self._apply_interval(planned.devices, planned.interval)
@@ -231,9 +233,9 @@ class DraDriver(ClaimState):
             await self._view.call(partial(slicer.set_time_slice, uuid, interval))
             log.info("dra_time_slice_set", gpu=uuid, interval=interval)
 
-    async def _record(self, claim: PreparedClaim) -> None:
+    async def _record(self, claim: PreparedClaim, *, durable: bool = True) -> None:
         """The claim in the checkpoint (on disk first, then here). Raises BackendError."""
-        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim})
+        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=durable)
         self.prepared[claim.ref.uid] = claim
 
     async def _roll_back(self, uid: str, spec: str) -> None:
