@@ -268,3 +268,35 @@ async def test_a_limit_the_driver_refuses_is_reported_and_set_once_it_can_be(
     node.line({"gpu": 0, "recovered": True})
     await node.until(lambda: a.pod_uid in node.isolation.in_force_at)
     assert node.isolation.error is None
+
+
+async def test_a_restarted_agent_keeps_its_device_plugin_pods_limits(
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path, logged: Logged
+) -> None:
+    """The whole agent stopped and a new one started over the same kubelet (its device
+    checkpoint, which the PodResources holds come from), cgroup tree and simulated driver
+    (whose limits, as a real driver's, outlive the agent): the pod's limit is neither
+    cleared nor set again."""
+    node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
+    a = (await kubelet.admit("a", {"main": {GPU: 2}}))[0]
+    node.tree.create_pod(a.pod_uid)
+    await node.until(lambda: bool(node.isolation.applied.get(a.pod_uid, None)))
+    gpu = a.device_ids[0].split("::")[0]
+    since = len(logged)
+    await node.running.shutdown()  # the agent restarts
+
+    def same_driver(deps: Parts) -> Parts:
+        return dataclasses.replace(deps, open_backend=lambda: node.backend)
+
+    second = await launcher.start(
+        r615_node("t4", tmp_path / "node.yaml"),
+        config=str(EXAMPLES / "time-slicing.yaml"),
+        flags={"memory-isolation": "true", "cgroup-root": str(node.tree.root)},
+        change=same_driver,
+    )
+    await second.registered(kubelet)
+    again = Isolated(second, node.backend, node.tree)
+    await again.until(lambda: again.isolation.passes > 0)
+    assert dict(again.isolation.applied[a.pod_uid].limits) == {gpu: Limit(2 * SHARE)}
+    assert node.backend.memory_limit(gpu, node.host_path(a.pod_uid)).hard == 2 * SHARE
+    assert [e for e in logged[since:] if e.get("pod_uid") == a.pod_uid] == []  # never cleared
