@@ -127,3 +127,19 @@ async def test_a_broken_claim_answer_refuses_that_prepare_only(
         assert "\n" not in refused.error
         assert rig.spec_files() == []
         assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""
+
+
+async def test_an_unprepare_of_any_unknown_uid_succeeds_and_touches_nothing_else(
+    root: str, tmp_path: Path
+) -> None:
+    """An unknown claim's spec is removed by its UID's name; a UID no spec of ours could
+    be named after (a path, a control character, too long) removes nothing."""
+    async with dra_rig(root, tmp_path) as rig:
+        device = next(iter(await rig.published(lambda d: len(d) == 8)))
+        claim = rig.put_claim("a", device)
+        assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""
+        held = rig.spec_files()
+        uids = ["../cdi", f"../cdi/{held[0]}", "a\x00b", "x" * 5000, "", "u/../../etc"]
+        answers = await rig.kubelet.unprepare(DRIVER, [("ml", uid, "x") for uid in uids])
+        assert answers == dict.fromkeys(uids, "")
+        assert rig.spec_files() == held

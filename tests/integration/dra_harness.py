@@ -36,6 +36,7 @@ from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.cdi import CdiSpecs
+from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
@@ -100,6 +101,7 @@ class DraRig:
     task: asyncio.Task[None] | None = None
     client: AsyncClient | None = None
     slicer: FakeTimeSlices = field(default_factory=FakeTimeSlices)  # the GPUs' time slice
+    shares: ClaimShares | None = None  # the pods' memory limits, for an Isolation (start())
 
     @property
     def registry(self) -> str:
@@ -129,6 +131,7 @@ class DraRig:
             checkpoint=ClaimCheckpointFile(self.plugin_dir),
             specs=ClaimSpecDir(self.cdi_dir),
             time_slicer=self.slicer,
+            shares=self.shares,
         )
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)

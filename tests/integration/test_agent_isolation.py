@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from agent_harness import EXAMPLES, AgentLauncher, RunningAgent
+from conftest import Logged
 from process_harness import run_once
 
 from gpuslice.adapters.cgroup_tree import PodCgroupTree
@@ -122,7 +123,7 @@ async def test_a_pod_is_stopped_at_its_limit_while_its_neighbour_keeps_allocatin
 
 
 async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
-    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path, logged: Logged
 ) -> None:
     node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
     a = (await kubelet.admit("a", {"main": {GPU: 2}}))[0]
@@ -138,7 +139,8 @@ async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
     node.backend.set_memory_limit(gpu, node.host_path(b.pod_uid), Limit(1 << 30))  # not its share
 
     # The agent restarts: a new service over the same driver state and the kubelet's records
-    # keeps what matches them and corrects what does not.
+    # keeps what matches them (never cleared in between) and corrects what does not.
+    since = len(logged)
     fresh = Isolation(
         node.running.devices,
         PodCgroupTree(node.tree.root),
@@ -146,6 +148,7 @@ async def test_limits_go_with_the_pod_and_are_rebuilt_after_a_restart(
         DirWatcher,
     )
     await fresh.converge()
+    assert [e for e in logged[since:] if e.get("pod_uid") == a.pod_uid] == []  # a's untouched
     assert fresh.applied[a.pod_uid].limits == limits
     assert fresh.applied[b.pod_uid].limits == {gpu: Limit(SHARE)}
     assert node.backend.memory_limit(gpu, node.host_path(b.pod_uid)).hard == SHARE
@@ -346,3 +349,35 @@ async def test_without_a_kubepods_cgroup_readiness_and_inspect_say_why_nothing_i
     report = json.loads(run_once(*args, "--output", "json").stdout)
     assert report["memoryIsolation"]["podCgroups"] == detail["podCgroups"]
     assert {s["hardLimitBytes"] for g in report["gpus"] for s in g["servedAs"]} == {None}
+
+
+async def test_a_restarted_agent_keeps_its_device_plugin_pods_limits(
+    launcher: AgentLauncher, kubelet: KubeletStandin, tmp_path: Path, logged: Logged
+) -> None:
+    """The whole agent stopped and a new one started over the same kubelet (its device
+    checkpoint, which the PodResources holds come from), cgroup tree and simulated driver
+    (whose limits, as a real driver's, outlive the agent): the pod's limit is neither
+    cleared nor set again."""
+    node = await start(launcher, kubelet, tmp_path / "cgroup", SYSTEMD)
+    a = (await kubelet.admit("a", {"main": {GPU: 2}}))[0]
+    node.tree.create_pod(a.pod_uid)
+    await node.until(lambda: bool(node.isolation.applied.get(a.pod_uid, None)))
+    gpu = a.device_ids[0].split("::")[0]
+    since = len(logged)
+    await node.running.shutdown()  # the agent restarts
+
+    def same_driver(deps: Parts) -> Parts:
+        return dataclasses.replace(deps, open_backend=lambda: node.backend)
+
+    second = await launcher.start(
+        r615_node("t4", tmp_path / "node.yaml"),
+        config=str(EXAMPLES / "time-slicing.yaml"),
+        flags={"memory-isolation": "true", "cgroup-root": str(node.tree.root)},
+        change=same_driver,
+    )
+    await second.registered(kubelet)
+    again = Isolated(second, node.backend, node.tree)
+    await again.until(lambda: again.isolation.passes > 0)
+    assert dict(again.isolation.applied[a.pod_uid].limits) == {gpu: Limit(2 * SHARE)}
+    assert node.backend.memory_limit(gpu, node.host_path(a.pod_uid)).hard == 2 * SHARE
+    assert [e for e in logged[since:] if e.get("pod_uid") == a.pod_uid] == []  # never cleared

@@ -12,7 +12,7 @@ import pytest
 from agent_harness import remove_dir, short_dir
 from dra_harness import DRIVER, NODE, dra_rig
 
-from gpuslice.adapters.kube.rbac import DRA_RULES, Rule
+from gpuslice.adapters.kube.rbac import DRA_RULES, RULES, Rule
 from gpuslice.core.dra.devices import DraOptions
 from gpuslice.testing.apiserver import Grant
 
@@ -95,6 +95,10 @@ def without(rule: Rule, verb: str) -> list[Rule]:
     return [r for r in DRA_RULES if r is not rule] + (changed if rest else [])
 
 
+def tear(path: Path) -> None:
+    path.write_text("{torn")
+
+
 async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
     """Publish (create, then update and delete on a shrinking pool), prepare and
     unprepare under `rules`; the status codes the API answered."""
@@ -109,15 +113,25 @@ async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
             "metadata": {"name": f"{NODE}-{DRIVER}-9", "resourceVersion": "1"},
             "spec": {"nodeName": NODE, "driver": DRIVER, "pool": {"generation": 0}},
         }
-        await rig.stop()  # a new agent finds the stray slice and deletes it
+        await rig.stop()  # a new agent finds the stray slice and deletes it,
+        tear(Path(rig.plugin_dir, "checkpoint.json"))  # and rebuilds a torn checkpoint
+        watches = len(rig.api.watches("resourceslices"))
         await rig.start()
         await rig.kubelet.discover(DRIVER)
         await rig.api.wait_for(lambda s: bool(s.of("DELETE") or s.answered(403)))
+        await rig.frontend.driver.settled.wait()  # the claims listed
+        await rig.api.wait_for(  # and the slices watched, answered
+            lambda s: any(r.code for r in s.watches("resourceslices")[watches:])
+        )
         return {r.code or 0 for r in rig.api.requests}
 
 
+# Granted with or without DRA: the Node's Events (a checkpoint rebuilt writes one).
+EVENTS = [r for r in RULES if r.resources == ("events",) and "create" in r.verbs]
+
+
 async def test_dra_rbac_rules_are_enough(root: str, tmp_path: Path) -> None:
-    codes = await flow(root, tmp_path, list(DRA_RULES))
+    codes = await flow(root, tmp_path, [*DRA_RULES, *EVENTS])
     assert 403 not in codes
 
 
@@ -127,5 +141,5 @@ async def test_dra_rbac_rules_are_enough(root: str, tmp_path: Path) -> None:
     ids=[f"{rule.resources[0]}-{verb}" for rule in DRA_RULES for verb in rule.verbs],
 )
 async def test_each_dra_rule_is_needed(root: str, tmp_path: Path, rule: Rule, verb: str) -> None:
-    codes = await flow(root, tmp_path, without(rule, verb))
+    codes = await flow(root, tmp_path, [*without(rule, verb), *EVENTS])
     assert 403 in codes

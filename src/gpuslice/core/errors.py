@@ -25,6 +25,11 @@ class BackendError(GpusliceError):
         self.transient = transient
 
 
+class BadCheckpoint(BackendError):  # noqa: N818 - a kind of file, as NotFound
+    """A checkpoint file whose content is not one (torn, corrupt, a checksum that does not
+    match, a format this agent does not read): it is set aside and rebuilt."""
+
+
 class SettingError(GpusliceError):
     """A value of one setting the core refuses. The core names the setting by the
     parameter it came in (`setting`), in words for str(); the command line names its flag

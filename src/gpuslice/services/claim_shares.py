@@ -1,5 +1,6 @@
 """Which pods hold how much GPU memory through DRA claims, as the DRA front-end tells it
-(services.isolation keeps their cgroups' limits in force)."""
+(services.isolation keeps their cgroups' limits in force). The front-end keeps them in its
+checkpoint too, and tells them again after a restart, before the first isolation pass."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ class ClaimShares:
 
     def put(self, claim_uid: str, pods: tuple[str, ...], limits: Mapping[str, Limit]) -> None:
         self._claims[claim_uid] = (pods, dict(limits))
+        if self.changed is not None:
+            self.changed()
+
+    def restore(self, claims: Mapping[str, tuple[tuple[str, ...], Mapping[str, Limit]]]) -> None:
+        """Every claim's pods and limits at once (the checkpoint read again after a
+        restart): what was told before is replaced."""
+        self._claims = {uid: (pods, dict(limits)) for uid, (pods, limits) in claims.items()}
         if self.changed is not None:
             self.changed()
 

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
-from gpuslice.core.dra.claim_cdi import claim_spec, spec_file_name
+from gpuslice.core.dra.claim_cdi import claim_spec, claim_spec_name, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimRef,
     PreparedClaim,
     PreparedDevice,
+    allocated_here,
     check_devices,
     parse_claim,
     prepared_devices,
@@ -230,3 +231,31 @@ def test_prepared_devices_carry_the_claim_spec_id_and_the_toolkits_own() -> None
     none = prepared_devices(claim, devs, OPTS, ToolkitDevices())
     assert none[0].cdi_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{GPU0}",)
     assert (out[0].pool, out[0].device, out[0].requests) == ("node-a", GPU0, ("gpu",))
+
+
+def _allocated(**result: str) -> dict[str, Any]:
+    base = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}
+    return {
+        "metadata": {"namespace": "ml", "name": "a", "uid": "u-1"},
+        "status": {"allocation": {"devices": {"results": [{**base, **result}]}}},
+    }
+
+
+def test_a_claim_is_allocated_here_only_for_this_driver_and_this_nodes_pool() -> None:
+    assert allocated_here(_allocated(), "gpu.nvidia.com", "node-a") == ClaimRef("ml", "u-1", "a")
+    assert allocated_here(_allocated(pool="node-b"), "gpu.nvidia.com", "node-a") is None
+    assert allocated_here(_allocated(driver="other.io"), "gpu.nvidia.com", "node-a") is None
+    unnamed = _allocated()
+    del unnamed["metadata"]["uid"]
+    assert allocated_here(unnamed, "gpu.nvidia.com", "node-a") is None
+    assert allocated_here({"status": "x"}, "gpu.nvidia.com", "node-a") is None
+
+
+@pytest.mark.parametrize("uid", ["", "a/b", "a\x00b", "x" * 129])
+def test_a_uid_no_spec_could_be_named_after_names_none(uid: str) -> None:
+    assert claim_spec_name(DraOptions(), uid) is None
+
+
+def test_a_plain_uid_names_its_spec() -> None:
+    uid = "0b9f1c1e-6f0a-4d5e-9a3b-2c1d0e9f8a7b"
+    assert claim_spec_name(DraOptions(), uid) == spec_file_name(DraOptions(), uid)

@@ -38,7 +38,7 @@
   verbs: ["list", "watch", "create", "update", "delete"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
-  verbs: ["get"]
+  verbs: ["get", "list"]
 {{- end }}
 
 {{- define "gpuslice.rules.metricsAuth" -}}

@@ -1,41 +1,64 @@
 """The DRA plugin's checkpoint: the claims it prepared, so that unprepare (and a repeated
-prepare) works after the agent restarts, without the ResourceClaim.
+prepare) works after the agent restarts, without the ResourceClaim, and the memory limits
+of their pods are kept.
 
 One JSON file in the plugin's directory under /var/lib/kubelet/plugins, which the agent
 owns but other processes could tamper with: it is read through adapters.outside_files
 (without following a link, only as a regular file, up to MAX_BYTES) and decoded off the
-loop into a typed value; it is replaced atomically (a new file made with O_EXCL, renamed
-over the old) before a prepare or unprepare is answered. The driver's writes need not be
-fsync'ed: after a crash of the node, whatever part of them reached the disk, the next
-start's sweep makes specs and entries agree (an orphan spec is removed, an entry whose
-spec is gone rolled back), and the kubelet prepares its pods' claims again.
+loop into a typed value. Every save a prepare's or an unprepare's answer depends on is
+durable before it is sent: a temporary file in the same directory, fsync'ed, renamed
+over the old one, and the directory fsync'ed (a PrepareStarted mark is only renamed
+into place: frontends.dra.driver says why that is enough). The file carries a checksum
+of its claims as written (sha256 of the exact bytes of `claims`), as the kubelet's own
+checkpoints carry one of their data, so a torn or altered file is told from a
+checkpoint: it raises BadCheckpoint (the driver sets it aside and rebuilds). A file
+without a checksum, as releases before it wrote, is read as it is.
 
-Each claim carries its state, as NVIDIA's driver's does: PrepareStarted is written before
-the claim's CDI spec, PrepareCompleted after it, so an agent killed in between knows at
-start which spec may be half done. Fields this agent does not know are ignored (a newer
-agent's additions: a downgrade keeps working); an older file without states is all
-PrepareCompleted.
+    {"version": 1, "claims": {"<uid>": {...}}, "checksum": "<sha256 hex of claims>"}
+
+Each claim is a small record with its state, as NVIDIA's driver's: PrepareStarted is
+written before the claim's CDI spec, PrepareCompleted after it, so an agent killed in
+between knows at start which spec may be half done. `version` changes only for a change
+an older agent would misread; fields it does not know are ignored (a newer agent's
+additions, the checksum itself: a downgrade keeps working), and a missing one takes its
+default (an older file without states is all PrepareCompleted).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import msgspec
 
-from gpuslice.adapters.outside_files import read_bytes, reason, replace_atomically
+from gpuslice.adapters.outside_files import (
+    RefusedFileError,
+    open_dir,
+    read_bytes,
+    reason,
+    replace_atomically,
+)
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PreparedDevice
-from gpuslice.core.errors import BackendError
+from gpuslice.core.errors import BackendError, BadCheckpoint
+from gpuslice.core.isolation import Limit
 
 VERSION = 1
 MAX_BYTES = 4 * 1024 * 1024
 CHECKPOINT_NAME = "checkpoint.json"
-
+KEEP_BAD = 3  # bad files set aside, newest first
+BAD_SUFFIX = ".bad-"
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
+
+
+class _Limit(msgspec.Struct):
+    hard: int
+    soft: int = 0
 
 
 class _Device(msgspec.Struct, rename="camel"):
@@ -54,31 +77,51 @@ class _Claim(msgspec.Struct, rename="camel"):
     devices: list[_Device]
     spec: str = ""
     state: str = COMPLETED
+    pods: list[str] = msgspec.field(default_factory=list)  # reservedFor's, when prepared
+    limits: dict[str, _Limit] = msgspec.field(default_factory=dict)  # GPU UUID -> limit
+
+
+class _Head(msgspec.Struct):
+    version: int
 
 
 class _File(msgspec.Struct):
     version: int
-    claims: dict[str, _Claim]
+    claims: msgspec.Raw  # checked against `checksum` before it is decoded
+    checksum: str | None = None
 
 
 class ClaimCheckpointFile:
     """The ClaimCheckpoint port over <directory>/checkpoint.json."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
         self.path = os.path.join(directory, CHECKPOINT_NAME)
+        self._clock = clock
+        self._tidy = True  # leftovers of an earlier agent's save go at our first save
 
     async def load(self) -> dict[str, PreparedClaim]:
         return await asyncio.to_thread(self._load)
 
     async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
-        data = _File(VERSION, {uid: _encode(c) for uid, c in claims.items()})
-        text = msgspec.json.encode(data).decode()
-        write = partial(replace_atomically, dir_mode=0o750, durable=durable)
+        text = encode(claims)
         try:
+            if self._tidy:
+                await asyncio.to_thread(self._remove_leftovers)
+                self._tidy = False
+            write = partial(replace_atomically, dir_mode=0o750, durable=durable)
             await asyncio.to_thread(write, self.path, text, 0o600)
         except OSError as exc:
             raise BackendError(
                 f"DRA checkpoint {self.path}: cannot write: {exc.strerror or exc}", transient=True
+            ) from None
+
+    async def set_aside(self) -> str:
+        try:
+            return await asyncio.to_thread(self._set_aside)
+        except OSError as exc:
+            raise BackendError(
+                f"DRA checkpoint {self.path}: cannot move it aside: {exc.strerror or exc}"
             ) from None
 
     def _load(self) -> dict[str, PreparedClaim]:
@@ -86,17 +129,64 @@ class ClaimCheckpointFile:
             raw = read_bytes(self.path, limit=MAX_BYTES, follow=False)
         except FileNotFoundError:
             return {}
+        except RefusedFileError as exc:
+            raise BadCheckpoint(f"DRA checkpoint {self.path}: {exc.problem}") from None
         except OSError as exc:
             raise BackendError(f"DRA checkpoint {self.path}: {reason(exc)}") from None
+        return decode(raw, self.path)
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of a save an earlier agent was killed in before its rename
+        (the checkpoint is then the one before that save). Only once this agent saves:
+        a predecessor that still serves may be writing one."""
+        prefix = f".{CHECKPOINT_NAME}."
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.directory):
+                if name.startswith(prefix) and name.endswith(".tmp"):
+                    os.unlink(os.path.join(self.directory, name))
+
+    def _set_aside(self) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._clock()))
+        prefix = CHECKPOINT_NAME + BAD_SUFFIX
+        older = sorted(n for n in os.listdir(self.directory) if n.startswith(prefix))
+        for name in older[: max(len(older) - (KEEP_BAD - 1), 0)]:
+            os.unlink(os.path.join(self.directory, name))
+        target = f"{prefix}{stamp}Z"
+        n = 1
+        while os.path.lexists(os.path.join(self.directory, target)):
+            n += 1
+            target = f"{prefix}{stamp}Z.{n}"
+        os.rename(self.path, os.path.join(self.directory, target))
+        dir_fd = open_dir(self.directory, follow=False)
         try:
-            data = msgspec.json.decode(raw, type=_File)
-        except msgspec.DecodeError as exc:
-            raise BackendError(f"DRA checkpoint {self.path}: not a checkpoint: {exc}") from None
-        if data.version != VERSION:
-            raise BackendError(
-                f"DRA checkpoint {self.path}: version {data.version}, this agent reads {VERSION}"
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return os.path.join(self.directory, target)
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> str:
+    """The file's text for `claims`, with the checksum of the claims' bytes."""
+    body = msgspec.json.encode({uid: _encode(c) for uid, c in claims.items()})
+    data = _File(VERSION, msgspec.Raw(body), hashlib.sha256(body).hexdigest())
+    return msgspec.json.encode(data).decode()
+
+
+def decode(raw: bytes, path: str) -> dict[str, PreparedClaim]:
+    """The claims of a file's bytes. Raises BadCheckpoint, naming `path` and why."""
+    try:
+        version = msgspec.json.decode(raw, type=_Head).version
+        if version != VERSION:
+            raise BadCheckpoint(
+                f"DRA checkpoint {path}: version {version}, this agent reads {VERSION}"
             )
-        return {uid: _decode(uid, c) for uid, c in data.claims.items()}
+        data = msgspec.json.decode(raw, type=_File)
+        if data.checksum is not None and data.checksum != hashlib.sha256(data.claims).hexdigest():
+            raise BadCheckpoint(f"DRA checkpoint {path}: checksum mismatch (altered or torn)")
+        claims = msgspec.json.decode(data.claims, type=dict[str, _Claim])
+    except msgspec.DecodeError as exc:
+        raise BadCheckpoint(f"DRA checkpoint {path}: not a checkpoint: {exc}") from None
+    return {uid: _decode(uid, c) for uid, c in claims.items()}
 
 
 def _encode(claim: PreparedClaim) -> _Claim:
@@ -107,7 +197,10 @@ def _encode(claim: PreparedClaim) -> _Claim:
         for d in claim.devices
     ]
     state = COMPLETED if claim.completed else STARTED
-    return _Claim(claim.ref.namespace, claim.ref.name, devices, claim.spec, state)
+    limits = {gpu: _Limit(lim.hard, lim.soft) for gpu, lim in claim.limits}
+    return _Claim(
+        claim.ref.namespace, claim.ref.name, devices, claim.spec, state, list(claim.pods), limits
+    )
 
 
 def _decode(uid: str, claim: _Claim) -> PreparedClaim:
@@ -118,4 +211,7 @@ def _decode(uid: str, claim: _Claim) -> PreparedClaim:
         for d in claim.devices
     )
     ref = ClaimRef(claim.namespace, uid, claim.name)
-    return PreparedClaim(ref, devices, claim.spec, completed=claim.state != STARTED)
+    limits = tuple((gpu, Limit(lim.hard, lim.soft)) for gpu, lim in sorted(claim.limits.items()))
+    return PreparedClaim(
+        ref, devices, claim.spec, claim.state != STARTED, tuple(claim.pods), limits
+    )

@@ -84,14 +84,15 @@ RULES: tuple[Rule, ...] = (
 
 # With DRA on (the chart's dra.enabled): the node's ResourceSlices (listed and watched by
 # node and driver, written, replaced on each change or repair, deleted when the pool
-# shrinks) and the
-# ResourceClaims the kubelet asks to prepare (read by name).
+# shrinks) and the ResourceClaims the kubelet asks to prepare (read by name; listed only
+# to rebuild a checkpoint that was not one).
 DRA_RULES: tuple[Rule, ...] = (
     Rule((objects.DRA_GROUP,), ("resourceslices",),
          ("list", "watch", "create", "update", "delete"),
          Scope.CLUSTER, "publish this node's ResourceSlices (DRA)"),
-    Rule((objects.DRA_GROUP,), ("resourceclaims",), ("get",), Scope.CLUSTER,
-         "read the allocation and config of a claim the kubelet asks to prepare (DRA)"),
+    Rule((objects.DRA_GROUP,), ("resourceclaims",), ("get", "list"), Scope.CLUSTER,
+         "read the allocation and config of a claim the kubelet asks to prepare; list "
+         "those allocated to this node to rebuild a bad checkpoint (DRA)"),
 )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import httpx2
 import msgspec
-from lightkube import AsyncClient, KubeConfig
+from lightkube import ALL_NS, AsyncClient, KubeConfig
 from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import User
@@ -302,6 +302,12 @@ class ApiSession:
         with self._errors(f"read ResourceClaim {namespace}/{name}"):
             obj = await self._client.get(ResourceClaim, name, namespace=namespace)
         return dict(obj)
+
+    async def list_claims(self, page: int) -> AsyncIterator[dict[str, Any]]:
+        """Every ResourceClaim (all namespaces), read `page` at a time."""
+        with self._errors("list ResourceClaims"):
+            async for obj in self._client.list(ResourceClaim, namespace=ALL_NS, chunk_size=page):
+                yield dict(obj)
 
     async def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
         fields: dict[str, Any] = {"spec.nodeName": node, "spec.driver": driver}

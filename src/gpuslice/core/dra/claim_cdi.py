@@ -22,11 +22,19 @@ from gpuslice.core.mps import CONTAINER_ROOT
 
 CDI_VERSION = "0.5.0"  # device names may start with a digit (a UID)
 BIND = ["rw", "nosuid", "nodev", "bind"]
+MAX_UID = 128  # a Kubernetes UID is 36 characters
 
 
 def spec_file_name(opts: DraOptions, claim_uid: str) -> str:
     """k8s.gpu.nvidia.com-claim_<uid>.json: CDI's transient spec name for the claim."""
     return f"{opts.cdi_kind.replace('/', '-')}_{claim_uid}.json"
+
+
+def claim_spec_name(opts: DraOptions, claim_uid: str) -> str | None:
+    """spec_file_name for a UID the kubelet sent; None for one no spec of ours could be
+    named after (a path separator, a control character, too long): nothing to remove."""
+    plain = 0 < len(claim_uid) <= MAX_UID and claim_uid.isprintable() and "/" not in claim_uid
+    return spec_file_name(opts, claim_uid) if plain else None
 
 
 def spec_claim_uid(opts: DraOptions, file_name: str) -> str | None:

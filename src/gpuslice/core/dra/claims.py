@@ -28,6 +28,7 @@ from gpuslice.core.dra.opaque import (
 )
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import ConfigError, GpusliceError
+from gpuslice.core.isolation import Limit
 from gpuslice.core.sharing import MPS as NODE_MPS
 
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
@@ -86,6 +87,10 @@ class PreparedClaim:
     # False between PrepareStarted (recorded before the spec is written) and
     # PrepareCompleted: a claim an agent was killed preparing
     completed: bool = True
+    # The memory its pods are held to (--memory-isolation): the pods it was reserved for
+    # when prepared, and (GPU UUID, limit) pairs; kept so a restarted agent keeps them
+    pods: tuple[str, ...] = ()
+    limits: tuple[tuple[str, Limit], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +273,20 @@ def prepared_devices(
         )
         for alloc, device in zip(claim.devices, devices, strict=True)
     )
+
+
+def allocated_here(obj: Mapping[str, object], driver: str, pool: str) -> ClaimRef | None:
+    """The claim's reference when `obj` (a ResourceClaim as JSON) has a device of `driver`
+    in `pool` (this node's) allocated; None otherwise."""
+    meta = _map(obj.get("metadata"))
+    results = _map(_map(_map(obj.get("status")).get("allocation")).get("devices")).get("results")
+    here = any(
+        r.get("driver") == driver and r.get("pool") == pool for r in map(_map, _list(results))
+    )
+    fields = (meta.get("namespace"), meta.get("uid"), meta.get("name"))
+    if not here or not all(isinstance(f, str) and f for f in fields):
+        return None
+    return ClaimRef(*(str(f) for f in fields))
 
 
 def cdi_device_name(claim_uid: str, device: str) -> str:

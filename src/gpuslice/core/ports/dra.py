@@ -75,13 +75,19 @@ class ClaimCheckpoint(Protocol):
     """The prepared claims on disk, so unprepare works after an agent restart."""
 
     async def load(self) -> dict[str, PreparedClaim]:
-        """Claim UID -> prepared claim; {} when there is none. Raises BackendError when
-        the file is unreadable or not a checkpoint."""
+        """Claim UID -> prepared claim; {} when there is none. Raises BadCheckpoint when
+        the file is not a checkpoint (torn, corrupt, its checksum wrong), BackendError
+        when it cannot be read now."""
         ...
 
     async def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True) -> None:
-        """Replace the checkpoint atomically (and, when `durable`, so that it survives a
-        crash of the node). Raises BackendError."""
+        """Replace the checkpoint atomically and, when `durable`, so that it survives a
+        crash of the node (fsync'ed before and after its rename). Raises BackendError."""
+        ...
+
+    async def set_aside(self) -> str:
+        """Move the file away (a bad one, kept for a person to look at; the oldest such
+        copies beyond a few are removed); where it went. Raises BackendError."""
         ...
 
 
@@ -108,6 +114,15 @@ class DraApi(Protocol):
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, object]:
         """The ResourceClaim as JSON. Raises BackendError (NotFound when absent)."""
+        ...
+
+    async def claims_on(self, node: str, driver: str) -> list[dict[str, object]]:
+        """Every ResourceClaim with a device of `driver` in `node`'s pool allocated, read
+        in pages, bounded in size and time. Raises BackendError."""
+        ...
+
+    async def node_event(self, node: str, reason: str, message: str) -> None:
+        """A Warning Event about the Node; best effort: never raises."""
         ...
 
     async def list_slices(self, node: str, driver: str) -> list[dict[str, object]]:

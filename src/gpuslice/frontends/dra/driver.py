@@ -12,12 +12,11 @@ A refusal (bad config, device held, device unhealthy) is the claim's error, whic
 kubelet shows on the pod.
 
 Crash-safe in two phases: a claim is recorded PrepareStarted before its spec is written
-and PrepareCompleted after; unprepare removes the spec before the entry. At start the
-claims left started (or whose spec an unprepare already removed) are rolled back and
-every spec of ours that no completed claim names is removed, so an agent killed at any
-step leaks no spec and loses no claim. An unreadable checkpoint is not taken for an
-empty one: prepare and unprepare refuse in one line (their answer would be a guess, and
-specs could stay behind) until it reads again.
+and PrepareCompleted after; unprepare removes the spec before the entry, and an
+unprepare of a claim unknown here removes the spec its UID names (one a bad checkpoint
+forgot). What happens to the checkpoint across restarts is frontends.dra.claim_state's;
+calls wait until it is settled. Each prepared claim records its pods' memory limits
+(services.isolation keeps them in force), so they survive a restart with it.
 """
 
 from __future__ import annotations
@@ -25,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 
 import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
-from gpuslice.core.dra.claim_cdi import claim_spec, spec_claim_uid, spec_file_name
+from gpuslice.core.dra.claim_cdi import claim_spec, claim_spec_name, spec_file_name
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimRef,
@@ -45,14 +45,16 @@ from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
 from gpuslice.core.dra.health import DeviceHealth, health_list
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
+from gpuslice.core.isolation import Limit
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState, TimeSlicer
+from gpuslice.frontends.dra.claim_state import ClaimState, Planned
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
 
 
-class DraDriver:
+class DraDriver(ClaimState):
     """The DraHandler port. `toolkit` holds the NVIDIA Container Toolkit's CDI device names
     found on the node (the front-end looks them up at each step); `control_devices` the
     driver's control nodes present here."""
@@ -71,89 +73,20 @@ class DraDriver:
         shares: ClaimShares | None = None,  # per-pod memory limits (--memory-isolation)
         time_slicer: TimeSlicer | None = None,
     ) -> None:
-        self.shares = shares
+        super().__init__(
+            node=node, opts=opts, api=api, checkpoint=checkpoint, specs=specs, shares=shares
+        )
         self._slicer = time_slicer
-        self.node = node
-        self.opts = opts
         self._view = view
-        self._api = api
-        self._checkpoint = checkpoint
-        self._specs = specs
         self.toolkit = ToolkitDevices()
         self._control = tuple(control_devices)
         self._clock = clock
         self.devices: dict[str, DraDevice] = {}
-        self.prepared: dict[str, PreparedClaim] = {}
-        self._lock = asyncio.Lock()
         self._health: tuple[DeviceHealth, ...] = ()
         self._since: dict[str, int] = {}  # device -> when its health last changed
         self._bad: dict[str, bool] = {}
         self._health_gen = 0
         self._health_changed = asyncio.Condition()
-        self.checkpoint_error = ""  # why the checkpoint could not be read; "" when it was
-
-    @property
-    def driver(self) -> str:
-        return self.opts.driver
-
-    async def restore(self) -> None:
-        """Load the checkpoint, roll back claims left half prepared and remove the specs
-        no prepared claim names. An unreadable checkpoint is logged and kept as
-        `checkpoint_error`: calls refuse until it reads again."""
-        try:
-            self.prepared = await self._checkpoint.load()
-        except BackendError as exc:
-            if str(exc) != self.checkpoint_error:
-                log.error("dra_checkpoint_unreadable", error=str(exc))
-            self.checkpoint_error = str(exc)
-            return
-        if self.checkpoint_error:
-            log.info("dra_checkpoint_readable")
-        self.checkpoint_error = ""
-        if self.prepared:
-            log.info("dra_claims_restored", claims=len(self.prepared))
-        await self._sweep()
-
-    async def read_checkpoint_again(self) -> None:
-        """While the checkpoint is unreadable: try again (between calls)."""
-        async with self._lock:
-            if self.checkpoint_error:
-                await self.restore()
-
-    async def _sweep(self) -> None:
-        """Claims left PrepareStarted are rolled back, and so are claims whose spec is
-        gone (an unprepare killed between removing the spec and the entry); specs of
-        ours that no remaining claim names are removed."""
-        try:
-            names = await self._specs.names()
-            kept = {
-                uid: c
-                for uid, c in self.prepared.items()
-                if c.completed and (not c.spec or c.spec in names)
-            }
-            if kept != self.prepared:
-                await self._checkpoint.save(kept)
-                gone = sorted(set(self.prepared) - set(kept))
-                self.prepared = kept
-                log.warning("dra_claims_rolled_back", claims=",".join(gone))
-            for name in names:
-                uid = spec_claim_uid(self.opts, name)
-                if uid is not None and uid not in self.prepared:
-                    await self._specs.remove(name)
-                    log.warning("dra_orphan_spec_removed", spec=name, uid=uid)
-        except BackendError as exc:
-            log.error("dra_sweep_failed", error=str(exc))
-
-    async def _readable(self) -> str:
-        """ "" once the checkpoint was read (again, after it was not); else why not."""
-        if self.checkpoint_error:
-            await self.restore()
-        if not self.checkpoint_error:
-            return ""
-        return (
-            f"{self.checkpoint_error}; claims are neither prepared nor unprepared until it "
-            "reads again (move it away to start empty)"
-        )
 
     async def set_devices(self, devices: Iterable[DraDevice]) -> None:
         """The devices published now (the front-end's step)."""
@@ -164,6 +97,7 @@ class DraDriver:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out = {}
+        await self.settled.wait()
         async with self._lock:
             why = await self._readable()
             for ref in claims:
@@ -172,6 +106,7 @@ class DraDriver:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out = {}
+        await self.settled.wait()
         async with self._lock:
             why = await self._readable()
             for ref in claims:
@@ -226,21 +161,47 @@ class DraDriver:
             obj = await self._api.get_claim(ref.namespace, ref.name)
         except BackendError as exc:
             return self._refused(ref, f"claim {ref}: cannot read it: {exc}")
-        settings = self._view.settings
         try:
-            claim = await asyncio.to_thread(parse_claim, obj, ref, self.driver)
-            devices = check_devices(
-                claim,
-                self.devices,
-                pool=self.node,
-                unhealthy=self._view.unhealthy,
-                prepared=self.prepared,
-            )
-            sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
+            planned = await self._plan(ref, obj)
         except ClaimError as exc:
             return self._refused(ref, str(exc))
+        claim, spec = planned.claim, planned.claim.spec
+        try:  # PrepareStarted only marks the spec as ours should the agent be killed: a node
+            # crash losing it loses nothing (the spec is an orphan, swept), and a torn file
+            # is rebuilt; PrepareCompleted, which the answer depends on, is durable
+            await self._record(claim, durable=False)
+            if spec:
+                await self._specs.write(spec, planned.text)
+            await self._apply_interval(planned.devices, planned.interval)
+            await self._record(replace(claim, completed=True))
+        except BackendError as exc:
+            await self._roll_back(ref.uid, spec)
+            return self._refused(ref, f"claim {ref}: {exc}")
+        if self.recovery is not None:
+            self.recovery.unverified.discard(ref.uid)
+        if self.shares is not None:  # the pods' memory limits follow (services.isolation)
+            self.shares.put(ref.uid, claim.pods, dict(claim.limits))
+        log.info("dra_claim_prepared", claim=str(ref), uid=ref.uid,
+                 devices=",".join(d.device for d in claim.devices),
+                 ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+        return PrepareResult(claim.devices)
+
+    async def _plan(self, ref: ClaimRef, obj: dict[str, object], *, recovering: bool = False
+                    ) -> Planned:  # fmt: skip
+        """The claim as it is to be recorded (PrepareStarted), its spec's text and
+        what its devices need. Raises ClaimError. `recovering`: a claim prepared
+        before (its devices' health is not asked again: its pods run)."""
+        settings = self._view.settings
+        claim = await asyncio.to_thread(parse_claim, obj, ref, self.driver)
+        devices = check_devices(
+            claim,
+            self.devices,
+            pool=self.node,
+            unhealthy=() if recovering else self._view.unhealthy,
+            prepared=self.prepared,
+        )
+        sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
         result = prepared_devices(claim, devices, self.opts, self.toolkit)
-        spec = spec_file_name(self.opts, ref.uid) if devices else ""
         text = claim_spec(
             ref.uid,
             devices,
@@ -250,23 +211,17 @@ class DraDriver:
             dev_root=settings.allocate.dev_root,
             control_devices=self._control,
         )
-        try:
-            await self._record(PreparedClaim(ref, result, spec, completed=False))
-            if spec:
-                await self._specs.write(spec, text)
-            await self._apply_interval(devices, sharing.interval)
-            await self._record(PreparedClaim(ref, result, spec))
-        except BackendError as exc:
-            await self._roll_back(ref.uid, spec)
-            return self._refused(ref, f"claim {ref}: {exc}")
-        if self.shares is not None:  # the pods' memory limits follow (services.isolation)
+        pods: tuple[str, ...] = ()
+        limits: dict[str, Limit] = {}
+        if self.shares is not None:
+            pods = claim_pods(obj)
             limits = claim_limits(obj, claim, devices, self._view.snapshot, settings.memory,
                                   self.driver)  # fmt: skip
-            self.shares.put(ref.uid, claim_pods(obj), limits)
-        log.info("dra_claim_prepared", claim=str(ref), uid=ref.uid,
-                 devices=",".join(d.device for d in result),
-                 ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
-        return PrepareResult(result)
+        spec = spec_file_name(self.opts, ref.uid) if devices else ""
+        recorded = PreparedClaim(
+            ref, result, spec, completed=False, pods=pods, limits=tuple(sorted(limits.items()))
+        )
+        return Planned(recorded, text, tuple(devices), sharing.interval)
 
     async def _apply_interval(self, devices: Sequence[DraDevice], interval: str | None) -> None:
         """A TimeSlicing config's interval set on the claim's GPUs (a MIG device's parent
@@ -278,9 +233,9 @@ class DraDriver:
             await self._view.call(partial(slicer.set_time_slice, uuid, interval))
             log.info("dra_time_slice_set", gpu=uuid, interval=interval)
 
-    async def _record(self, claim: PreparedClaim) -> None:
+    async def _record(self, claim: PreparedClaim, *, durable: bool = True) -> None:
         """The claim in the checkpoint (on disk first, then here). Raises BackendError."""
-        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=False)
+        await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=durable)
         self.prepared[claim.ref.uid] = claim
 
     async def _roll_back(self, uid: str, spec: str) -> None:
@@ -296,13 +251,21 @@ class DraDriver:
 
     async def _unprepare(self, ref: ClaimRef) -> str:
         done = self.prepared.get(ref.uid)
-        if done is None:
+        if done is None:  # never prepared, or forgotten with a bad checkpoint: its spec goes
+            name = claim_spec_name(self.opts, ref.uid)
+            try:
+                if name is not None:
+                    await self._specs.remove(name)
+            except BackendError as exc:
+                return f"claim {ref}: {exc}"
+            if self.recovery is not None:
+                self.recovery.unverified.discard(ref.uid)
             return ""
         try:
             if done.spec:
                 await self._specs.remove(done.spec)
             remaining = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
-            await self._checkpoint.save(remaining, durable=False)
+            await self._checkpoint.save(remaining)
         except BackendError as exc:
             log.error("dra_unprepare_failed", claim=str(done.ref), uid=ref.uid, error=str(exc))
             return f"claim {done.ref}: {exc}"
@@ -315,9 +278,3 @@ class DraDriver:
     def _refused(self, ref: ClaimRef, why: str) -> PrepareResult:
         log.warning("dra_claim_refused", claim=str(ref), uid=ref.uid, error=why)
         return PrepareResult(error=why)
-
-    async def _remove_quietly(self, spec: str) -> None:
-        try:
-            await self._specs.remove(spec)
-        except BackendError as exc:
-            log.error("dra_spec_not_removed", spec=spec, error=str(exc))

@@ -122,12 +122,14 @@ class DraFrontEnd:
         self.driver.toolkit = found
 
     async def start(self) -> None:
-        """Load the checkpoint: the claims prepared before are known before any call."""
+        """Load the checkpoint: the claims prepared before (and their pods' memory
+        limits) are known before any call and any isolation pass."""
         await self.driver.restore()
 
     async def run(self) -> None:
         await self._serve_sockets()
         try:
+            await self.driver.settle()  # the sockets are ours: so is the checkpoint
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
                 group.create_task(self._keep_sockets())
@@ -163,6 +165,8 @@ class DraFrontEnd:
             out["publishError"] = self.publish_error
         if self.driver.checkpoint_error:
             out["checkpointError"] = self.driver.checkpoint_error
+        if self.driver.recovery is not None:
+            out["checkpointRebuilt"] = self.driver.recovery.status()
         if self.waiting_for:
             out["waitingFor"] = self.waiting_for
         if self._find_toolkit is not None and self.driver.toolkit.problem:
@@ -197,8 +201,13 @@ class DraFrontEnd:
     def release(self) -> None:
         """Nothing is held for a successor: its sockets are bound and renamed into place."""
 
+    def _rebuilding(self) -> bool:
+        """A bad checkpoint's claims wait for the API server to be read."""
+        recovery = self.driver.recovery
+        return recovery is not None and bool(recovery.unverified)
+
     async def _follow(self) -> None:
-        attempt = 0
+        attempt = rebuilds = 0
         registrations = -1
         while True:
             seen = self._view.generation
@@ -209,6 +218,11 @@ class DraFrontEnd:
             if self.driver.checkpoint_error:
                 await self.driver.read_checkpoint_again()
                 delay = self._check_s  # until it reads: nothing can be prepared
+            elif self._rebuilding():  # settle() tried once: wait before each next try
+                if rebuilds:
+                    await self.driver.read_checkpoint_again()
+                rebuilds += 1
+                delay = self.retry_delay(rebuilds) if self._rebuilding() else None
             try:
                 if changes != registrations:
                     self.publisher.stale = True  # every registration re-reads the slices

@@ -117,12 +117,27 @@ class DraObjects:
         parts = path[len(DRA) :].strip("/").split("/")
         if parts[0] == "resourceslices":
             return self._slices(method, parts[1] if len(parts) > 1 else None, query, body)
+        if parts == ["resourceclaims"] and method == "GET":
+            return 200, self._claim_page(query)
         if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "resourceclaims":
             if method != "GET":
                 return 405, status(405, "MethodNotAllowed", "the stand-in only reads claims")
             found = self.claims.get((parts[1], parts[3]))
             return (200, found) if found else (404, not_found(CLAIM_QUALIFIED, parts[3]))
         return None
+
+    def _claim_page(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """A list of claims in every namespace, paged as the API server pages (`limit`,
+        and `continue` from the previous page)."""
+        ordered = [self.claims[k] for k in sorted(self.claims)]
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0) or len(ordered)
+        items = ordered[start : start + limit]
+        meta: dict[str, Any] = {"resourceVersion": self._bump()}
+        if start + limit < len(ordered):
+            meta["continue"] = str(start + limit)
+        return {"kind": "ResourceClaimList", "apiVersion": "resource.k8s.io/v1",
+                "metadata": meta, "items": items}  # fmt: skip
 
     def _slices(
         self, method: str, name: str | None, query: Mapping[str, str], body: Any
