@@ -102,8 +102,8 @@ class Endpoint:
     def release_socket(self) -> None:
         return None
 
-    async def wait_listed(self) -> None:
-        return None
+    async def end_streams(self, timeout_s: float) -> bool:
+        return True
 
     async def wait_dropped(self) -> None:
         await self.dropped.wait()

@@ -57,7 +57,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         handler: PluginHandler,
         metrics: Metrics = NO_METRICS,
         on_dropped: Callable[[], None] | None = None,
-        on_listed: Callable[[], None] | None = None,
     ) -> None:
         self._handler = handler
         self._metrics = metrics
@@ -66,7 +65,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # Told when the kubelet cancels a ListAndWatch stream we did not end: it dropped
         # the resource (see the kubelet reference), which a new Register call restores.
         self._on_dropped = on_dropped
-        self._on_listed = on_listed  # told when a stream has been sent its first list
 
     def stop_streams(self) -> None:
         """End every ListAndWatch stream (each returns after its current send)."""
@@ -85,8 +83,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         _log.info("list_and_watch_opened", resource=self._resource, generation=seen)
         try:
             yield device_list(handler.devices())
-            if self._on_listed is not None:
-                self._on_listed()
             while await self._changed(seen):
                 seen = handler.generation
                 yield device_list(handler.devices())

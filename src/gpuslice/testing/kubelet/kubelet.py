@@ -33,6 +33,7 @@ from gpuslice.testing.kubelet.podresources import PodResourcesServicer
 from gpuslice.testing.kubelet.records import (
     AdmittedContainer,
     DeviceState,
+    Disconnect,
     InsufficientResourceError,
     NodeStatus,
     PluginOptions,
@@ -63,8 +64,8 @@ class KubeletStandin:
     """Behaves like the kubelet's device manager on `plugin_dir`.
 
     Use `async with KubeletStandin(dir) as kubelet:` or start()/stop(). State
-    changes wake `wait_for`; `registrations` and `stale_streams` are logs for
-    assertions.
+    changes wake `wait_for`; `registrations`, `disconnects` and `stale_streams` are
+    logs for assertions.
     """
 
     def __init__(self, plugin_dir: str, pod_resources_socket: str | None = None) -> None:
@@ -74,6 +75,7 @@ class KubeletStandin:
         self.checkpoint_path = os.path.join(plugin_dir, checkpoint.CHECKPOINT_NAME)
         self.registrations: list[RegistrationRecord] = []
         self.stale_streams: list[StaleStream] = []
+        self.disconnects: list[Disconnect] = []
         self.restarts = 0
         # As the kubelet's two maps: the resource's current client (set when Register
         # comes in, removed when it is disconnected) and its endpoint (set once the
@@ -261,10 +263,12 @@ class KubeletStandin:
         own connection is left open, as the kubelet leaves it, until stop()."""
         current = self._clients.pop(ep.resource, None)
         if current is not None:
+            at = time.monotonic()
+            self.disconnects.append(Disconnect(at, ep.resource, ep.endpoint, current.endpoint))
             if current is not ep:
                 self.stale_streams.append(
                     StaleStream(
-                        time.monotonic(),
+                        at,
                         ep.resource,
                         ep.endpoint,
                         current.endpoint,
