@@ -153,6 +153,8 @@ async def test_an_upgrade_registers_the_successor_once_after_the_old_agent_was_d
     (dropped,) = kubelet.disconnects
     assert old_reg < dropped.at < new_reg
     assert kubelet.stale_streams == []
+    assert "streams_handed_over" in old.log
+    assert "kubelet_not_hung_up" not in old.log
     # Only a pod admitted inside that window can fail: for want of healthy devices, or
     # (one at most) with its Allocate in flight as the kubelet dropped the old agent.
     # None met a stopped endpoint or an agent that had stopped serving.
@@ -192,3 +194,40 @@ async def test_an_agent_the_kubelet_drops_registers_again_at_once(
     assert running.plugin.manager.server_failures == 0
     assert running.plugin.manager.registered() == {GPU: True}
     await kubelet.admit("pod", {"main": {GPU: 1}})
+
+
+async def test_an_agent_whose_predecessor_was_killed_registers_without_waiting(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """A predecessor that died holds neither lock: the next agent takes the directory
+    and the streams at once and registers, holding nothing back."""
+    old = await _agent(processes, plugin_dir, "gpuslice-old")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), HANG_S)
+    old.signal(signal.SIGKILL)
+    await old.wait(HANG_S)
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 0, HANG_S)
+
+    new = await _agent(processes, plugin_dir, "gpuslice-new")
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 4}), HANG_S)
+    held = ("plugin_dir_locked_waiting", "registration_held", "predecessor_still_streaming")
+    assert [line for line in new.lines if any(h in line for h in held)] == []
+    new.signal(signal.SIGTERM)
+    rc, _ = await new.wait(HANG_S)
+    assert rc == 0, new.log
+
+
+async def test_an_agent_with_no_successor_stops_without_waiting_for_the_kubelet(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """A plain stop (no successor waits) ends the streams at once: nothing is handed
+    over and no hang-up is waited for."""
+    agent = await _agent(processes, plugin_dir, "gpuslice-only")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), HANG_S)
+    agent.signal(signal.SIGTERM)
+    sent = time.monotonic()
+    rc, _ = await agent.wait(HANG_S)
+    print(f"SIGTERM -> exited in {time.monotonic() - sent:.3f} s")
+    assert rc == 0, agent.log
+    waited = ("plugin_dir_handed_over", "streams_handed_over", "kubelet_not_hung_up")
+    assert [line for line in agent.lines if any(w in line for w in waited)] == []
+    assert kubelet.node_status().allocatable[GPU] == 0

@@ -166,6 +166,7 @@ class DevicePluginFrontEnd:
                 self.manager.release_sockets()
                 if await claim.hand_over():
                     await self.manager.end_streams(HANGUP_S)
+                    log.info("streams_handed_over")
                 claim.release()  # the kubelet dropped us: the successor registers now
             await self.manager.stop()  # every stream ended, every socket removed
         finally:
