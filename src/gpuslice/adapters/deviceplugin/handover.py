@@ -18,7 +18,8 @@ agent's streams have ended and the kubelet has dropped the old agent:
    at once when no successor waits (one waiting holds a shared flock on
    dirlock.WAITING_FILE, however slowly a loaded machine lets it run) and none took
    the lock within ARRIVE_S;
-4. successor: take the streams lock (polled every POLL_S) and register, once.
+4. successor: take the streams lock (polled every STREAMS_POLL_S on a thread, which wakes
+   nothing else until it has it) and register, once.
 
 Each wait is bounded; a predecessor that died holds no lock. A successor that waited
 TAKE_S registers anyway, and registers again if the kubelet then drops it
@@ -28,6 +29,7 @@ TAKE_S registers anyway, and registers again if the kubelet then drops it
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 
@@ -41,7 +43,7 @@ _log = structlog.get_logger()
 ARRIVE_S = 0.1  # for a successor that could not say it waits: it polls every POLL_S
 SERVE_S = 5.0  # the longest the old agent keeps serving for a successor
 TAKE_S = 10.0  # the longest a successor waits for the old agent's streams to end
-STREAMS_POLL_S = 0.002  # an open, a non-blocking flock and a close each time
+STREAMS_POLL_S = 0.001  # an open, a non-blocking flock and a close each time
 
 
 class DirClaim:
@@ -60,12 +62,22 @@ class DirClaim:
 
     async def wait_streams(self, take_s: float = TAKE_S) -> bool:
         started = time.monotonic()
-        while not self._streams.try_take():
-            if time.monotonic() - started >= take_s:
-                _log.warning("predecessor_still_streaming", waited_s=take_s)
-                return False
-            await asyncio.sleep(STREAMS_POLL_S)
+        cancelled = threading.Event()
+        try:
+            taken = await asyncio.to_thread(self._take, started + take_s, cancelled)
+        finally:
+            cancelled.set()
+        if not taken:
+            _log.warning("predecessor_still_streaming", waited_s=take_s)
+            return False
         _log.info("streams_taken", waited_s=round(time.monotonic() - started, 3))
+        return True
+
+    def _take(self, deadline: float, cancelled: threading.Event) -> bool:
+        while not self._streams.try_take():
+            if time.monotonic() >= deadline or cancelled.is_set():
+                return False
+            time.sleep(STREAMS_POLL_S)
         return True
 
     async def hand_over(self, arrive_s: float = ARRIVE_S, serve_s: float = SERVE_S) -> bool:

@@ -6,12 +6,15 @@ goroutine (see the kubelet reference). A plugin that ended its streams, as the c
 client, knows the kubelet has dropped it once a connection to its server closes. Each
 server binds a name of its own (adapters.kubelet_socket.serve_renamed), so its accepted
 connections are the lines of /proc/net/unix that carry that name and do not listen.
+The table is polled on a thread of its own, off the event loop and without waking it
+until the answer is in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from gpuslice.adapters.outside_files import read_bytes
 
@@ -42,16 +45,23 @@ def connections(bound: str, table: str = UNIX_TABLE) -> frozenset[int] | None:
     return frozenset(found)
 
 
-async def wait_hung_up(bound: str, timeout_s: float, table: str = UNIX_TABLE) -> bool:
-    """Return True once one connection the server bound at `bound` has now is closed, or
-    at once when it has none; False after `timeout_s`, or when the table is unreadable."""
+async def wait_hung_up(
+    bound: str, timeout_s: float, end: Callable[[], None], table: str = UNIX_TABLE
+) -> bool:
+    """Call `end` (which ends the streams), then return True once one connection the
+    server bound at `bound` had before is closed, or at once when it had none; False
+    after `timeout_s`, or when the table is unreadable."""
     before = await asyncio.to_thread(connections, bound, table)
+    end()
     if not before:
         return before is not None
-    deadline = time.monotonic() + timeout_s
+    return await asyncio.to_thread(_closed, bound, before, time.monotonic() + timeout_s, table)
+
+
+def _closed(bound: str, before: frozenset[int], deadline: float, table: str) -> bool:
     while time.monotonic() < deadline:
-        await asyncio.sleep(POLL_S)
-        now = await asyncio.to_thread(connections, bound, table)
+        time.sleep(POLL_S)
+        now = connections(bound, table)
         if now is None:
             return False
         if before - now:

@@ -137,8 +137,7 @@ class DevicePluginServer:
         servicer = self._servicer
         if servicer is None:
             return True
-        servicer.stop_streams()
-        hung_up = await wait_hung_up(self._bound_name, timeout_s)
+        hung_up = await wait_hung_up(self._bound_name, timeout_s, servicer.stop_streams)
         if not hung_up:
             _log.warning("kubelet_not_hung_up", resource=self.resource_name, waited_s=timeout_s)
         return hung_up
