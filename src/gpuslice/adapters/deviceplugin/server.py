@@ -40,6 +40,10 @@ from gpuslice.core.ports import Metrics, PluginHandler, SocketTaken
 from gpuslice.core.resources import socket_name as default_socket_name
 
 _log = structlog.get_logger()
+# Before ending its streams for a successor, a server waits for a pause between the
+# kubelet's admissions: a call in flight when the kubelet drops us would fail its pod.
+QUIET_GAP_S = 0.02
+QUIET_LIMIT_S = 0.5
 
 
 __all__ = ["MAX_REQUEST_BYTES", "DevicePluginServer", "ServerError"]
@@ -133,10 +137,12 @@ class DevicePluginServer:
 
     async def end_streams(self, timeout_s: float) -> bool:
         """End every ListAndWatch stream, still serving, and return True once the kubelet
-        hung up on us (at once when it had no connection), False after `timeout_s`."""
+        hung up on us (at once when it had no connection), False after `timeout_s`. The
+        streams end in a pause between admissions (QUIET_GAP_S, QUIET_LIMIT_S at most)."""
         servicer = self._servicer
         if servicer is None:
             return True
+        await servicer.quiet(QUIET_GAP_S, QUIET_LIMIT_S)
         hung_up = await wait_hung_up(self._bound_name, timeout_s, servicer.stop_streams)
         if not hung_up:
             _log.warning("kubelet_not_hung_up", resource=self.resource_name, waited_s=timeout_s)
