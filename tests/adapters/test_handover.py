@@ -9,12 +9,14 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from kubelet_fakes import FakeHandler, make_resource, short_dir
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
+from gpuslice.adapters.deviceplugin import server as server_module
 from gpuslice.adapters.deviceplugin.dirlock import DirLock, Holder
 from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.adapters.deviceplugin.streamlock import STREAMS_FILE
@@ -147,3 +149,28 @@ async def test_a_predecessor_that_died_holds_no_streams(plugin_dir: str) -> None
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_streams_end_for_a_successor_only_in_a_pause_between_calls(
+    kubelet: KubeletStandin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the kubelet's calls come back to back the old agent keeps its streams, so
+    no call is cut when the kubelet drops it; they end once the calls pause."""
+    monkeypatch.setattr(server_module, "QUIET_GAP_S", 1.0)  # far above a loaded call's
+    monkeypatch.setattr(server_module, "QUIET_LIMIT_S", 60.0)
+    srv = await _serve(kubelet, "nvidia-gpu.sock")
+    dev = min(kubelet.devices(GPU))
+    answered: list[float] = []
+    for _ in range(3):
+        await kubelet.allocate(GPU, [[dev]])
+        answered.append(time.monotonic())
+    ending = asyncio.create_task(srv.end_streams(timeout_s=30))
+    for _ in range(10):
+        await kubelet.allocate(GPU, [[dev]])
+        answered.append(time.monotonic())
+    assert not ending.done()
+    assert kubelet.disconnects == []
+    assert await ending
+    (dropped,) = kubelet.disconnects
+    assert dropped.at > answered[-1]
+    await srv.stop(0)
