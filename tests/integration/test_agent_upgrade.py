@@ -230,4 +230,4 @@ async def test_an_agent_with_no_successor_stops_without_waiting_for_the_kubelet(
     assert rc == 0, agent.log
     waited = ("plugin_dir_handed_over", "streams_handed_over", "kubelet_not_hung_up")
     assert [line for line in agent.lines if any(w in line for w in waited)] == []
-    assert kubelet.node_status().allocatable[GPU] == 0
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 0, HANG_S)

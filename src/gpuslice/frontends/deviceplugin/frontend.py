@@ -170,7 +170,7 @@ class DevicePluginFrontEnd:
                 claim.release()  # the kubelet dropped us: the successor registers now
             await self.manager.stop()  # every stream ended, every socket removed
         finally:
-            if claim is not None:
+            if claim is not None:  # released already, unless stopping failed
                 claim.release()
             await self._stack.aclose()
 
