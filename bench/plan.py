@@ -23,6 +23,8 @@ class Plan:
     fleet_hours: float  # accelerated agent-hours per idle trial
     fleet_restarts: int  # API server restarts
     fleet_outage_s: float  # how long the server stays away on each
+    rolls: int  # rolling upgrades in one chain of agents (bench.roll)
+    roll_load: bool  # a busy process on every CPU while they roll
 
 
 FULL = Plan(
@@ -42,6 +44,8 @@ FULL = Plan(
     fleet_hours=1.0,
     fleet_restarts=3,
     fleet_outage_s=15.0,
+    rolls=20,
+    roll_load=True,
 )
 
 QUICK = Plan(
@@ -61,4 +65,6 @@ QUICK = Plan(
     fleet_hours=0.25,
     fleet_restarts=1,
     fleet_outage_s=3.0,
+    rolls=2,
+    roll_load=False,
 )

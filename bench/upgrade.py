@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.harness import MS, Figure, Target
@@ -28,7 +29,7 @@ _BIN = Path(sys.executable).parent / "gpuslice"
 AGENT = [str(_BIN)] if _BIN.exists() else [sys.executable, "-m", "gpuslice"]
 
 
-class _Agent:
+class Agent:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.lines: list[bytes] = []
@@ -53,18 +54,21 @@ class _Agent:
         await self._reader
 
 
-async def _start(plugins: str) -> _Agent:
+async def start_agent(
+    plugins: str, command: Sequence[str] = AGENT, env: Mapping[str, str] | None = None
+) -> Agent:
+    """`gpuslice run --fake-hardware t4x4` (by `command`) on the directory `plugins`."""
     args = ["run", "--fake-hardware", "t4x4"]
     args += ["--kubelet-socket", os.path.join(plugins, "kubelet.sock")]
     proc = await asyncio.create_subprocess_exec(
-        *AGENT,
+        *command,
         *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-        env=runtime_env(),
+        env=dict(env or runtime_env()),
     )
-    return _Agent(proc)
+    return Agent(proc)
 
 
 async def upgrade_gap(surge: bool) -> float:
@@ -73,16 +77,16 @@ async def upgrade_gap(surge: bool) -> float:
         plugins = os.path.join(work, "plugins")
         os.mkdir(plugins)
         async with KubeletStandin(plugins) as kubelet:
-            old = await _start(plugins)
-            new: _Agent | None = None
+            old = await start_agent(plugins)
+            new: Agent | None = None
             try:
                 await kubelet.wait_for(lambda k: k.serves({GPU: 4}), TIMEOUT_S)
                 if surge:
-                    new = await _start(plugins)
+                    new = await start_agent(plugins)
                     await asyncio.wait_for(new.waiting.wait(), TIMEOUT_S)
                 await old.stop()
                 if new is None:
-                    new = await _start(plugins)
+                    new = await start_agent(plugins)
                 await kubelet.wait_for(
                     lambda k: k.serves({GPU: 4}) and k.endpoint(GPU) is not None, TIMEOUT_S
                 )

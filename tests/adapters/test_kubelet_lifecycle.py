@@ -206,3 +206,34 @@ async def test_stop_leaves_no_sockets_fds_or_tasks(plugin_dir: str) -> None:
     assert asyncio.all_tasks() == {asyncio.current_task()}
     assert await _fds_back_to(len(fds)) == []
     assert os.listdir(plugin_dir) == []
+
+
+async def test_a_list_from_an_older_client_lands_but_a_stopped_endpoint_refuses_allocate(
+    kubelet: KubeletStandin, plugin_dir: str
+) -> None:
+    """As the kubelet's device manager: a list from any client of a resource is the
+    resource's, current or not; and the disconnect that an old stream's end causes
+    stops the endpoint in place, which refuses Allocate even once devices are healthy
+    again, until a plugin registers anew."""
+    handlers = [FakeHandler(make_resource()) for _ in range(3)]
+    first = await _serve(kubelet, plugin_dir, handlers[0])
+    second = await _serve(kubelet, plugin_dir, handlers[1], "nvidia-gpu-2.sock")
+    third = await _serve(kubelet, plugin_dir, handlers[2], "nvidia-gpu-3.sock")
+    dev = min(kubelet.devices(GPU))
+    handlers[1].set_healthy(dev, False)  # the second, no longer current, sends a list
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 1)
+
+    await first.stop(0)  # the oldest stream ends: the third, current, is disconnected
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
+    assert kubelet.node_status().allocatable[GPU] == 0
+    handlers[1].set_healthy(dev, True)  # the second still streams: its list lands
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 2)
+    with pytest.raises(AdmissionError, match="has been stopped"):
+        await kubelet.admit("pod-1", {"main": {GPU: 1}})
+    assert not handlers[2].allocate_calls
+
+    await second.register(kubelet.socket_path)  # a fresh registration serves again
+    await kubelet.wait_for(lambda k: k.endpoint(GPU) == "nvidia-gpu-2.sock")
+    await kubelet.admit("pod-2", {"main": {GPU: 1}})
+    for srv in (second, third):
+        await srv.stop(0)

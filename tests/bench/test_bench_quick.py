@@ -45,6 +45,8 @@ FIGURES = {
     "dra_publish_after_health_p99",
     "dra_slice_repair_p99",
     "upgrade_gap",
+    "upgrade_roll_failures",
+    "upgrade_roll_window",
     "metrics_scrape_cached_auth",
     "metrics_scrape_uncached_auth",
     "advise_1000_pods_7d",

@@ -3,12 +3,12 @@ as real `gpuslice run` processes against the kubelet stand-in, which replaces a 
 as the kubelet does (any stream that ends disconnects the resource's current client).
 
 The successor shares the status port (hostNetwork), reports ready while it waits for
-the device-plugin directory, and registers while the old agent still serves; when the
-old agent's stream then ends, the stand-in (as the kubelet) drops the successor's client,
-which registers again at once. Allocatable is 0 only for that second registration
-(milliseconds, where a successor started after the old agent took its whole start-up);
-a pod admitted inside that window still fails, as it would with the kubelet, whose code
-leaves no hand-over without one (docs/upgrades.md)."""
+the device-plugin directory, then serves unregistered while the old agent still streams;
+the old agent ends its streams, waits for the stand-in (as the kubelet) to drop it, and
+only then does the successor register, once. Allocatable is 0 only from the old agent's
+drop to the successor's first list (milliseconds, where a successor started after the
+old agent took its whole start-up); the kubelet's code leaves no hand-over without that
+window (docs/upgrades.md)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ class _Admissions:
 
 
 @pytest.mark.timeout(4 * HANG_S)
-async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_registers(
+async def test_an_upgrade_registers_the_successor_once_after_the_old_agent_was_dropped(
     kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
 ) -> None:
     port = _free_port()
@@ -140,26 +140,29 @@ async def test_an_upgrade_leaves_allocatable_at_0_only_while_the_successor_regis
     rc, _ = await old.wait(HANG_S)
     assert rc == 0, old.log
     gone = time.monotonic()
-    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 3 and serving(k, {GPU: 4}), HANG_S)
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 4}), HANG_S)
     print(f"old agent exited -> successor serving in {time.monotonic() - gone:.3f} s")
     await pods.until_admitted(pods.admitted + 5)  # a few more with the successor alone
     await pods.finish()
     gap = kubelet.unserved_s(GPU)
     print(f"allocatable 0 for {gap * 1000:.1f} ms; failed: {pods.failed}")
 
-    # One registration, not a start-up: the successor had registered before the old
-    # agent's stream ended (the one drop), and registered again after it.
-    old_reg, first, again = [r.at for r in kubelet.registrations if r.resource == GPU]
-    (dropped,) = kubelet.stale_streams
-    assert old_reg < first < dropped.at < again
+    # The old agent's stream ended and the stand-in dropped the old agent's own client
+    # (no stale stream); the successor registered once, after that.
+    old_reg, new_reg = [r.at for r in kubelet.registrations if r.resource == GPU]
+    (dropped,) = kubelet.disconnects
+    assert old_reg < dropped.at < new_reg
+    assert kubelet.stale_streams == []
+    assert "streams_handed_over" in old.log
+    assert "kubelet_not_hung_up" not in old.log
     # Only a pod admitted inside that window can fail: for want of healthy devices, or
-    # (one at most) with its Allocate in flight as the kubelet dropped the client. None
-    # reached an agent that had stopped serving.
+    # (one at most) with its Allocate in flight as the kubelet dropped the old agent.
+    # None met a stopped endpoint or an agent that had stopped serving.
     assert len(pods.failed) <= 2 + int(gap / PERIOD_S), pods.failed
     cut = [f for f in pods.failed if "the client connection is closing" in f]
     assert len(cut) <= 1, pods.failed
     assert all("no healthy devices present" in f for f in pods.failed if f not in cut)
-    assert registrations(kubelet)[GPU] == 3  # old; successor; successor again
+    assert registrations(kubelet)[GPU] == 2
     assert pods.admitted > 10
     code, body = await _readyz(port)
     assert (code, "waiting" in body["device-plugin"]) == (200, False)
@@ -191,3 +194,40 @@ async def test_an_agent_the_kubelet_drops_registers_again_at_once(
     assert running.plugin.manager.server_failures == 0
     assert running.plugin.manager.registered() == {GPU: True}
     await kubelet.admit("pod", {"main": {GPU: 1}})
+
+
+async def test_an_agent_whose_predecessor_was_killed_registers_without_waiting(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """A predecessor that died holds neither lock: the next agent takes the directory
+    and the streams at once and registers, holding nothing back."""
+    old = await _agent(processes, plugin_dir, "gpuslice-old")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), HANG_S)
+    old.signal(signal.SIGKILL)
+    await old.wait(HANG_S)
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 0, HANG_S)
+
+    new = await _agent(processes, plugin_dir, "gpuslice-new")
+    await kubelet.wait_for(lambda k: registrations(k)[GPU] == 2 and serving(k, {GPU: 4}), HANG_S)
+    held = ("plugin_dir_locked_waiting", "registration_held", "predecessor_still_streaming")
+    assert [line for line in new.lines if any(h in line for h in held)] == []
+    new.signal(signal.SIGTERM)
+    rc, _ = await new.wait(HANG_S)
+    assert rc == 0, new.log
+
+
+async def test_an_agent_with_no_successor_stops_without_waiting_for_the_kubelet(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """A plain stop (no successor waits) ends the streams at once: nothing is handed
+    over and no hang-up is waited for."""
+    agent = await _agent(processes, plugin_dir, "gpuslice-only")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 4}), HANG_S)
+    agent.signal(signal.SIGTERM)
+    sent = time.monotonic()
+    rc, _ = await agent.wait(HANG_S)
+    print(f"SIGTERM -> exited in {time.monotonic() - sent:.3f} s")
+    assert rc == 0, agent.log
+    waited = ("plugin_dir_handed_over", "streams_handed_over", "kubelet_not_hung_up")
+    assert [line for line in agent.lines if any(w in line for w in waited)] == []
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 0, HANG_S)

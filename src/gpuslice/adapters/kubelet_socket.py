@@ -40,10 +40,11 @@ def unix_target(path: str) -> str:
     return f"unix://{path}"
 
 
-async def serve_renamed(server: grpc.aio.Server, path: str) -> None:
+async def serve_renamed(server: grpc.aio.Server, path: str) -> str:
     """Start `server` on the unix socket `path`: bound under a private name beside it,
-    then renamed into place (the module doc says why). Raises OSError or RuntimeError,
-    with the server stopped."""
+    then renamed into place (the module doc says why); returns the private name, which
+    the kernel keeps as the address of the socket and of each connection it accepts.
+    Raises OSError or RuntimeError, with the server stopped."""
     private = os.path.join(os.path.dirname(path), f".gs{os.getpid()}-{next(_BINDS)}")
     try:
         unlink(private)  # left by a process of ours with this PID that was killed
@@ -53,6 +54,7 @@ async def serve_renamed(server: grpc.aio.Server, path: str) -> None:
     except (OSError, RuntimeError):
         await server.stop(None)
         raise
+    return private
 
 
 def unlink(path: str) -> None:

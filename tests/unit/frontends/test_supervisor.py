@@ -16,6 +16,7 @@ from gpuslice.frontends.deviceplugin.supervisor import Supervisor
 from gpuslice.frontends.deviceplugin.supervisor_events import (
     Counters,
     KubeletRestarted,
+    MayRegister,
     SocketDeleted,
     State,
     Timing,
@@ -102,8 +103,8 @@ class Endpoint:
     def release_socket(self) -> None:
         return None
 
-    async def wait_listed(self) -> None:
-        return None
+    async def end_streams(self, timeout_s: float) -> bool:
+        return True
 
     async def wait_dropped(self) -> None:
         await self.dropped.wait()
@@ -125,7 +126,7 @@ class Endpoint:
 
 
 class Harness:
-    def __init__(self, budget: RestartBudget) -> None:
+    def __init__(self, budget: RestartBudget, may_register: asyncio.Event | None = None) -> None:
         self.endpoint, self.timers, self.counters = Endpoint(), Timers(), Counters()
         self.gave_up: list[tuple[str, int, str]] = []
         self.supervisor = Supervisor(
@@ -135,6 +136,7 @@ class Harness:
             timing=self.timers.timing(),
             counters=self.counters,
             on_failed=lambda *why: self.gave_up.append(why),
+            may_register=may_register,
         )
 
     async def registered(self) -> None:
@@ -285,3 +287,27 @@ async def test_a_socket_another_plugin_serves_is_waited_for_and_costs_nothing(
     assert h.supervisor.state is State.REGISTERING
     assert h.counters.server_failures == 0
     assert h.gave_up == []
+
+
+async def test_a_held_resource_serves_unregistered_until_it_may_register() -> None:
+    """A successor whose predecessor still streams: the server starts and start()
+    returns with nothing registered, a kubelet restart meanwhile re-serves it still
+    unregistered, and MayRegister registers it once."""
+    may_register = asyncio.Event()
+    h = Harness(RestartBudget(max_restarts=2, window_s=60.0), may_register)
+    await h.supervisor.start()
+    assert h.supervisor.state is State.SERVING
+    h.endpoint.is_current = False
+    await h.supervisor.send(KubeletRestarted())
+    assert h.supervisor.state is State.SERVING
+    assert h.endpoint.calls == ["start", "stop", "start"]
+
+    may_register.set()
+    await h.supervisor.send(MayRegister())
+    await h.endpoint.registering.wait()
+    h.endpoint.answers.put_nowait(None)
+    await h.reached(State.REGISTERED)
+    await h.supervisor.send(MayRegister())  # once registered, nothing more
+    assert h.endpoint.calls == ["start", "stop", "start", "register"]
+    assert h.timers.requested == []
+    await h.supervisor.stop()

@@ -98,8 +98,8 @@ class NullEndpoint:
     def release_socket(self) -> None:
         return None
 
-    async def wait_listed(self) -> None:
-        return None
+    async def end_streams(self, timeout_s: float) -> bool:
+        return True
 
     async def wait_dropped(self) -> None:
         await asyncio.Event().wait()  # the kubelet never drops it

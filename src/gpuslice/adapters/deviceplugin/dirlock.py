@@ -9,7 +9,7 @@ can say who it waits for.
 
 A successor started while the old agent runs (a rolling update with maxSurge)
 waits for the lock, polling often enough to take over within a few milliseconds
-of the old agent letting go (docs/install.md, "Upgrades"). While it waits it holds a
+of the old agent letting go (docs/upgrades.md). While it waits it holds a
 shared flock on `gpuslice.waiting` beside the lock, which the kernel drops with the
 process: the old agent asks `successor_waiting` whether one is there, rather than
 guessing from how soon it takes the lock.
@@ -51,7 +51,7 @@ class Holder:
     node: str = ""
     host: str = ""
     token: str = ""  # this process, where PIDs of two pods' namespaces may be equal
-    serving: bool = False  # it has registered every resource (a predecessor waits for it)
+    serving: bool = False  # it serves every resource, ready to register (a predecessor waits)
 
     def describe(self) -> str:
         parts = [f"pid {self.pid}"]
@@ -171,11 +171,12 @@ async def acquire(
             _withdraw(lock.directory, announced)
 
 
-def _open_waiting(directory: str, flags: int) -> int | None:
-    """The waiting file's fd: a regular file, never through a link; None otherwise."""
+def open_flag_file(directory: str, name: str, flags: int) -> int | None:
+    """The fd of a file that carries only a flock: a regular file, never through a link;
+    None otherwise."""
     try:
         fd = os.open(
-            os.path.join(directory, WAITING_FILE),
+            os.path.join(directory, name),
             flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
             0o644,
         )
@@ -190,7 +191,7 @@ def _open_waiting(directory: str, flags: int) -> int | None:
 def _announce_waiting(directory: str) -> int | None:
     """Hold a shared flock on the waiting file while waiting (None: it cannot be had, and
     a predecessor then looks for a successor only briefly)."""
-    fd = _open_waiting(directory, os.O_RDWR | os.O_CREAT)
+    fd = open_flag_file(directory, WAITING_FILE, os.O_RDWR | os.O_CREAT)
     if fd is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -215,7 +216,7 @@ def _withdraw(directory: str, fd: int) -> None:
 def successor_waiting(directory: str) -> bool:
     """True while another agent waits for the directory's lock (it holds the waiting
     file's shared flock: a process that died holds nothing)."""
-    fd = _open_waiting(directory, os.O_RDONLY)
+    fd = open_flag_file(directory, WAITING_FILE, os.O_RDONLY)
     if fd is None:
         return False
     try:

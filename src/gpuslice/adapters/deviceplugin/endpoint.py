@@ -69,9 +69,8 @@ class KubeletEndpoint:
     async def wait_down(self) -> str:
         return await self.server.wait_down()
 
-    async def wait_listed(self) -> None:
-        if self._kubelet_socket:  # registered: the kubelet opens a stream
-            await self.server.wait_listed()
+    async def end_streams(self, timeout_s: float) -> bool:
+        return await self.server.end_streams(timeout_s)
 
     def release_socket(self) -> None:
         self.server.release_socket()

@@ -1,37 +1,49 @@
 """Handing the device-plugin directory to a successor in a rolling update.
 
 The kubelet keeps one client per resource and, whenever any plugin's ListAndWatch
-stream ends, disconnects the resource's current client: every device turns
-unhealthy until a plugin registers again and sends its list (see the kubelet
-reference). So the old agent keeps its streams open until its successor has
-registered, and the window is then only the successor's second registration,
-made the instant the kubelet cancels its first stream:
+stream ends, disconnects the resource's current client: it closes that client's
+connection, marks every device unhealthy and stops its endpoint, until a plugin
+registers again and sends its list (see the kubelet reference). A successor that
+registered while the old agent streams is the one dropped, and its second registration
+races the kubelet's own clean-up. So the successor registers once, after the old
+agent's streams have ended and the kubelet has dropped the old agent:
 
 1. old (stopping): unlink its socket files, still serving the connections the
-   kubelet has, and release the lock;
-2. successor (waiting for the lock): take it, bind the same paths, register, and
-   mark the holder file `serving`;
-3. old: once the holder file says so, end its streams and stop; at once when no
-   successor waits (one waiting holds a shared flock on dirlock.WAITING_FILE, however
-   slowly a loaded machine lets it run) and none took the lock within ARRIVE_S;
-4. the kubelet disconnects the successor's client when the old stream ends; the
-   successor registers again at once (frontends.deviceplugin.supervisor, StreamDropped).
+   kubelet has, and release the directory's lock, keeping the streams lock
+   (adapters.deviceplugin.streamlock);
+2. successor (waiting for the directory's lock): take it, bind the same paths and
+   serve, unregistered, then mark the holder file `serving`;
+3. old: once the holder file says so, end its streams and wait for the kubelet to
+   close its connection (adapters.deviceplugin.hangup), then release the streams lock;
+   at once when no successor waits (one waiting holds a shared flock on
+   dirlock.WAITING_FILE, however slowly a loaded machine lets it run) and none took
+   the lock within ARRIVE_S;
+4. successor: take the streams lock (polled every STREAMS_POLL_S on a thread, which wakes
+   nothing else until it has it) and register, once.
+
+Each wait is bounded; a predecessor that died holds no lock. A successor that waited
+TAKE_S registers anyway, and registers again if the kubelet then drops it
+(frontends.deviceplugin.supervisor, StreamDropped).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 
 import structlog
 
 from gpuslice.adapters.deviceplugin.dirlock import POLL_S, DirLock, Holder, successor_waiting
+from gpuslice.adapters.deviceplugin.streamlock import StreamsLock
 
 _log = structlog.get_logger()
 
 ARRIVE_S = 0.1  # for a successor that could not say it waits: it polls every POLL_S
 SERVE_S = 5.0  # the longest the old agent keeps serving for a successor
+TAKE_S = 10.0  # the longest a successor waits for the old agent's streams to end
+STREAMS_POLL_S = 0.001  # an open, a non-blocking flock and a close each time
 
 
 class DirClaim:
@@ -39,14 +51,39 @@ class DirClaim:
 
     def __init__(self, lock: DirLock) -> None:
         self._lock = lock
+        self._streams = StreamsLock(lock.directory)
+
+    def take_streams(self) -> bool:
+        return self._streams.try_take()
 
     def serving(self) -> None:
-        """Every resource is registered: a predecessor may end its streams now."""
+        """Every resource is served: a predecessor may end its streams now."""
         self._lock.mark_serving()
 
+    async def wait_streams(self, take_s: float = TAKE_S) -> bool:
+        started = time.monotonic()
+        cancelled = threading.Event()
+        try:
+            taken = await asyncio.to_thread(self._take, started + take_s, cancelled)
+        finally:
+            cancelled.set()
+        if not taken:
+            _log.warning("predecessor_still_streaming", waited_s=take_s)
+            return False
+        _log.info("streams_taken", waited_s=round(time.monotonic() - started, 3))
+        return True
+
+    def _take(self, deadline: float, cancelled: threading.Event) -> bool:
+        while not self._streams.try_take():
+            if time.monotonic() >= deadline or cancelled.is_set():
+                return False
+            time.sleep(STREAMS_POLL_S)
+        return True
+
     async def hand_over(self, arrive_s: float = ARRIVE_S, serve_s: float = SERVE_S) -> bool:
-        """Release the directory (our sockets already unlinked) and return once a
-        successor that took it says it serves; True when one did."""
+        """Release the directory (our sockets already unlinked), keeping the streams, and
+        return once a successor that took it serves; True when one took it."""
+        self._streams.try_take()  # its file in place again, if a kubelet start deleted it
         me = self._lock.me
         self._lock.release()
         started = time.monotonic()
@@ -69,10 +106,11 @@ class DirClaim:
                 return True
             await asyncio.sleep(POLL_S)
         _log.warning("successor_not_serving", successor=successor.describe(), waited_s=serve_s)
-        return False
+        return True
 
     def release(self) -> None:
         self._lock.release()
+        self._streams.release()
 
 
 def _other(holder: Holder | None, me: Holder) -> Holder | None:

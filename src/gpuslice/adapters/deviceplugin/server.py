@@ -9,7 +9,9 @@ replaced: start() raises SocketTaken. Anything else there (a stale file, a socke
 accepts and does not speak the API) is replaced.
 
 The socket is bound and renamed into place (adapters.kubelet_socket.serve_renamed). stop()
-removes the public file only while it is still the one we bound.
+removes the public file only while it is still the one we bound. In a hand-over,
+end_streams() ends the kubelet's streams and waits for the kubelet to hang up
+(adapters.deviceplugin.hangup) before anything else stops.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import grpc
 import structlog
 
 from gpuslice.adapters.deviceplugin.api import pb_grpc
+from gpuslice.adapters.deviceplugin.hangup import wait_hung_up
 from gpuslice.adapters.deviceplugin.liveness import serves_device_plugin
 from gpuslice.adapters.deviceplugin.registration import register
 from gpuslice.adapters.deviceplugin.servicer import DevicePluginServicer
@@ -37,6 +40,10 @@ from gpuslice.core.ports import Metrics, PluginHandler, SocketTaken
 from gpuslice.core.resources import socket_name as default_socket_name
 
 _log = structlog.get_logger()
+# Before ending its streams for a successor, a server waits for a pause between the
+# kubelet's admissions: a call in flight when the kubelet drops us would fail its pod.
+QUIET_GAP_S = 0.02
+QUIET_LIMIT_S = 0.5
 
 
 __all__ = ["MAX_REQUEST_BYTES", "DevicePluginServer", "ServerError"]
@@ -65,11 +72,11 @@ class DevicePluginServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: DevicePluginServicer | None = None
         self._bound: FileId | None = None  # the socket file we created
+        self._bound_name = ""  # the private name it was bound under
         self._watch: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._down_reason = ""
         self._dropped = asyncio.Event()
-        self._listed = asyncio.Event()  # a stream got its list since the last register()
 
     @property
     def serving(self) -> bool:
@@ -87,13 +94,11 @@ class DevicePluginServer:
                 "gpuslice leaves it alone and serves once it is gone"
             )
         self._dropped = asyncio.Event()
-        servicer = DevicePluginServicer(
-            self.handler, self._metrics, self._dropped.set, self._listed.set
-        )
+        servicer = DevicePluginServicer(self.handler, self._metrics, self._dropped.set)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
-            await serve_renamed(server, self.socket_path)
+            self._bound_name = await serve_renamed(server, self.socket_path)
         except OSError as exc:
             reason = f"cannot replace {self.socket_path}: {exc.strerror or exc}"
             raise ServerError(f"cannot serve {self.resource_name}: {reason}") from None
@@ -107,7 +112,6 @@ class DevicePluginServer:
 
     async def register(self, kubelet_socket_path: str, timeout_s: float = 5.0) -> None:
         """Register our endpoint (the socket's base name). Raises RegistrationError."""
-        self._listed.clear()
         await register(
             kubelet_socket_path,
             endpoint=self.socket_name,
@@ -131,10 +135,18 @@ class DevicePluginServer:
         await down.wait()
         return self._down_reason
 
-    async def wait_listed(self) -> None:
-        """Return once a ListAndWatch stream opened since the last register() call has
-        been sent its list (the kubelet reads from us now)."""
-        await self._listed.wait()
+    async def end_streams(self, timeout_s: float) -> bool:
+        """End every ListAndWatch stream, still serving, and return True once the kubelet
+        hung up on us (at once when it had no connection), False after `timeout_s`. The
+        streams end in a pause between admissions (QUIET_GAP_S, QUIET_LIMIT_S at most)."""
+        servicer = self._servicer
+        if servicer is None:
+            return True
+        await servicer.quiet(QUIET_GAP_S, QUIET_LIMIT_S)
+        hung_up = await wait_hung_up(self._bound_name, timeout_s, servicer.stop_streams)
+        if not hung_up:
+            _log.warning("kubelet_not_hung_up", resource=self.resource_name, waited_s=timeout_s)
+        return hung_up
 
     def release_socket(self) -> None:
         """Remove our socket file and keep serving: connections already made (the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -57,7 +58,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         handler: PluginHandler,
         metrics: Metrics = NO_METRICS,
         on_dropped: Callable[[], None] | None = None,
-        on_listed: Callable[[], None] | None = None,
     ) -> None:
         self._handler = handler
         self._metrics = metrics
@@ -66,11 +66,22 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # Told when the kubelet cancels a ListAndWatch stream we did not end: it dropped
         # the resource (see the kubelet reference), which a new Register call restores.
         self._on_dropped = on_dropped
-        self._on_listed = on_listed  # told when a stream has been sent its first list
+        self._answered = asyncio.Event()  # set at each answered call
 
     def stop_streams(self) -> None:
         """End every ListAndWatch stream (each returns after its current send)."""
         self._stopping.set()
+
+    async def quiet(self, gap_s: float, limit_s: float) -> None:
+        """Return once no call has been answered for `gap_s` (the kubelet admits a pod
+        with calls in a row: GetPreferredAllocation, then Allocate), `limit_s` at most."""
+        deadline = time.monotonic() + limit_s
+        while (left := deadline - time.monotonic()) > 0:
+            self._answered.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), min(gap_s, left))
+            if not self._answered.is_set():
+                return
 
     async def GetDevicePluginOptions(  # noqa: N802
         self, request: pb.Empty, context: _Ctx
@@ -85,8 +96,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         _log.info("list_and_watch_opened", resource=self._resource, generation=seen)
         try:
             yield device_list(handler.devices())
-            if self._on_listed is not None:
-                self._on_listed()
             while await self._changed(seen):
                 seen = handler.generation
                 yield device_list(handler.devices())
@@ -181,5 +190,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return answer
 
     def _observe(self, method: str, started: float, outcome: str) -> None:
+        self._answered.set()
         seconds = time.perf_counter() - started
         self._metrics.request_observed(self._resource, method, seconds, outcome)

@@ -109,9 +109,10 @@ class PluginEndpoint(Protocol):
         """Return why, once the server stopped serving on its own (call after start)."""
         ...
 
-    async def wait_listed(self) -> None:
-        """Return once the kubelet, since our last Register call, has opened ListAndWatch
-        and been sent the list (at once when we do not register)."""
+    async def end_streams(self, timeout_s: float) -> bool:
+        """End our ListAndWatch streams, still serving, and return True once the kubelet
+        hung up on us (it dropped the resource; at once when it was not connected), False
+        after `timeout_s`."""
         ...
 
     def release_socket(self) -> None:
@@ -130,18 +131,33 @@ class PluginEndpoint(Protocol):
 
 
 class DirectoryClaim(Protocol):
-    """The device-plugin directory, held by this agent alone until it hands it over."""
+    """The device-plugin directory, held by this agent alone until it hands it over, and
+    the kubelet's streams, which only one agent at a time may have (see
+    adapters.deviceplugin.handover)."""
+
+    def take_streams(self) -> bool:
+        """True when no other agent streams to the kubelet now (the streams are ours)."""
+        ...
 
     def serving(self) -> None:
-        """Say that every resource is registered (a predecessor may end its streams)."""
+        """Say that every resource is served, ready to register (a predecessor may end
+        its streams)."""
+        ...
+
+    async def wait_streams(self) -> bool:
+        """Return once the streams are ours: a predecessor ended them and the kubelet
+        hung up on it, or it is gone (True); or after a bound (False)."""
         ...
 
     async def hand_over(self) -> bool:
-        """Release it (our sockets already removed) and return once a successor that
-        took it serves, or at once when none does; True when one took over."""
+        """Release the directory (our sockets already removed) and return once a
+        successor that took it serves (or after a bound), or at once when none takes
+        it; True when one took it. The streams stay ours until release()."""
         ...
 
-    def release(self) -> None: ...
+    def release(self) -> None:
+        """Let go of the directory and the streams (a successor registers now)."""
+        ...
 
 
 # (stop, told who it waits for) -> the claim, or None when stopped first.

@@ -5,9 +5,10 @@ for preferred allocations, and the kubelet's directory followed (kubelet_watch).
 
 In a rolling update the device-plugin directory passes from agent to agent
 (adapters.deviceplugin.handover): `start` takes it once a predecessor lets go (ready to
-take over meanwhile), `run` says when every list reached the kubelet, and `stop` keeps
-the kubelet's streams open until a successor serves (MPS daemons run on, and the
-successor adopts them); `release` lets go once they are stopped."""
+take over meanwhile), `run` says every resource is served and registers them once the
+predecessor's streams are gone, and `stop` keeps the kubelet's streams open until a
+successor serves (MPS daemons run on, and the successor adopts them), then ends them and
+lets the successor register once the kubelet has hung up."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from gpuslice.services.supervision import State
 log = structlog.get_logger("gpuslice.agent")
 
 NAME = "device-plugin"
-LISTED_S = 5.0  # how long a successor waits for the kubelet's streams before saying it serves
+HANGUP_S = 2.0  # how long the old agent waits for the kubelet to hang up on its streams
 
 
 class DevicePluginFrontEnd:
@@ -91,6 +92,8 @@ class DevicePluginFrontEnd:
         if self._claim_dir is not None:  # last: the instant a predecessor lets go, serve
             self._claim = await self._claim_dir(asyncio.Event(), self._waiting)
             self.waiting_for = None
+            if self._claim is not None and not self._claim.take_streams():
+                self.manager.hold_registrations()  # until the predecessor's streams end
 
     def prepare(self, snapshot: HardwareSnapshot, settings: Settings) -> FrontEndStep:
         built = build_resources(snapshot, settings.resources)  # raises HardwareError
@@ -109,7 +112,7 @@ class DevicePluginFrontEnd:
         return step
 
     async def run(self) -> None:
-        serving = None if self._claim is None else asyncio.create_task(self._say_serving())
+        serving = None if self._claim is None else asyncio.create_task(self._take_over())
         try:
             if self._events is None:
                 await asyncio.Event().wait()  # nothing to follow: until cancelled
@@ -157,14 +160,18 @@ class DevicePluginFrontEnd:
         return self.manager.error
 
     async def stop(self) -> None:
+        claim, self._claim = self._claim, None
         try:
-            claim = self._claim
-            if claim is not None:  # serve on until a successor has registered
+            if claim is not None:  # serve on until a successor serves
                 self.manager.release_sockets()
-                await claim.hand_over()
-                self._claim = None
+                if await claim.hand_over():
+                    await self.manager.end_streams(HANGUP_S)
+                    log.info("streams_handed_over")
+                claim.release()  # the kubelet dropped us: the successor registers now
             await self.manager.stop()  # every stream ended, every socket removed
         finally:
+            if claim is not None:  # released already, unless stopping failed
+                claim.release()
             await self._stack.aclose()
 
     def release(self) -> None:
@@ -172,13 +179,14 @@ class DevicePluginFrontEnd:
         if claim is not None:  # a successor may serve now
             claim.release()
 
-    async def _say_serving(self) -> None:
-        """Once the kubelet reads every list from us (LISTED_S at most), say so to a
-        predecessor waiting to end its streams."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.manager.listed(), LISTED_S)
-        if self._claim is not None:
-            self._claim.serving()
+    async def _take_over(self) -> None:
+        """Every resource is served (prepared before `run`): say so to a predecessor
+        waiting to end its streams, and register once they are gone."""
+        claim = self._claim
+        if claim is not None:
+            claim.serving()
+            await claim.wait_streams()
+            await self.manager.release_registrations()
 
     def _waiting(self, holder: str) -> None:
         self.waiting_for = holder

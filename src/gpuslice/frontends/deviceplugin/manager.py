@@ -33,6 +33,7 @@ from gpuslice.frontends.deviceplugin.supervisor import Supervisor
 from gpuslice.frontends.deviceplugin.supervisor_events import (
     Counters,
     KubeletRestarted,
+    MayRegister,
     SocketDeleted,
     State,
     Timing,
@@ -68,6 +69,8 @@ class PluginManager:
         self._handlers: dict[str, ResourceHandler] = {}
         self._supervisors: dict[str, Supervisor] = {}
         self._unhealthy: frozenset[str] = frozenset()
+        self._may_register = asyncio.Event()
+        self._may_register.set()
         self.failed = asyncio.Event()  # set once a resource's restart budget is spent
         self.error: PluginServerFailed | None = None
 
@@ -148,10 +151,22 @@ class PluginManager:
         if supervisor is not None:
             await supervisor.send(SocketDeleted())
 
-    async def listed(self) -> None:
-        """Return once the kubelet reads every registered resource's list from us."""
+    def hold_registrations(self) -> None:
+        """Serve resources started from now on without registering them, until
+        release_registrations() (a predecessor still streams to the kubelet)."""
+        self._may_register.clear()
+
+    async def release_registrations(self) -> None:
+        """Register every resource held back, at once."""
+        if not self._may_register.is_set():
+            self._may_register.set()
+            await asyncio.gather(*(s.send(MayRegister()) for s in self._supervisors.values()))
+
+    async def end_streams(self, timeout_s: float) -> None:
+        """End every served resource's streams, still serving, and return once the
+        kubelet hung up on each (`timeout_s` at most), for a successor to register."""
         await asyncio.gather(
-            *(s.endpoint.wait_listed() for s in self._supervisors.values() if s.state.up)
+            *(s.endpoint.end_streams(timeout_s) for s in self._supervisors.values() if s.state.up)
         )
 
     def release_sockets(self) -> None:
@@ -173,6 +188,7 @@ class PluginManager:
             counters=self._counters,
             on_failed=self._gave_up,
             metrics=self._metrics,
+            may_register=self._may_register,
         )
         self._supervisors[name] = supervisor
         return supervisor

@@ -4,15 +4,17 @@
     NEW --start--> STARTING --served--> REGISTERING --done--> REGISTERED
                      |   ^                  | failed              |  ^ stream
                      |   |                  v                     |  | dropped:
-      cannot start / |   +--- restart --- SERVING (retry due) <---+  | register
-      server down    v                                              kubelet restarted,
+      cannot start / |   +--- restart --- SERVING (retry due,  <---+  | register
+      server down    v                     or registrations held)     kubelet restarted,
                                                                     socket deleted
                  BACKING_OFF --budget spent--> FAILED
     socket served by another plugin: BLOCKED until it goes;  stop: STOPPED
 
 A Register call runs beside the supervisor, as its timers, the server's crash watch and
 the watch of streams the kubelet cancels do, and only posts an event tagged with its step
-or server incarnation; a restart never waits on it.
+or server incarnation; a restart never waits on it. While registrations are held (a
+predecessor in a rolling update still streams to the kubelet) a started server waits in
+SERVING for MayRegister.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpuslice.core.restart import REGISTER_RETRY, RestartBudget
 from gpuslice.frontends.deviceplugin.supervisor_events import (
     Counters,
     KubeletRestarted,
+    MayRegister,
     OnFailed,
     RegisterDone,
     RegisterFailed,
@@ -57,6 +60,7 @@ class Supervisor(supervision.Supervisor):
         counters: Counters,
         on_failed: OnFailed,
         metrics: Metrics = NO_METRICS,
+        may_register: asyncio.Event | None = None,  # None: always
     ) -> None:
         super().__init__(name, endpoint, budget=budget, timing=timing, on_failed=on_failed)
         self.endpoint = endpoint
@@ -65,6 +69,7 @@ class Supervisor(supervision.Supervisor):
         self._attempts = 0  # Register calls failed in a row
         self._blocked = 0  # looks at a socket another plugin serves, in a row
         self._watch_drops: asyncio.Task[None] | None = None
+        self._may_register = may_register
 
     async def _handle_more(self, event: object) -> None:
         state = self.state
@@ -87,6 +92,8 @@ class Supervisor(supervision.Supervisor):
             if mine and self.endpoint.current():
                 log.warning("stream_dropped_registering_again", resource=self.name)
                 await self._register()
+        elif isinstance(event, MayRegister) and state is State.SERVING:
+            await self._register()
         elif isinstance(event, RegisterDone) and event.step == self._step:
             if state is State.REGISTERING:
                 self._attempts = 0
@@ -123,7 +130,11 @@ class Supervisor(supervision.Supervisor):
             log.info("plugin_socket_free", resource=self.name)
             self._blocked = 0
         self._watch_drops = asyncio.create_task(self._dropped(self._incarnation))
-        await self._register()
+        if self._may_register is None or self._may_register.is_set():
+            await self._register()
+        else:
+            log.info("registration_held", resource=self.name)
+            self._set(State.SERVING)
 
     async def _take_down(self) -> str | None:
         drops, self._watch_drops = self._watch_drops, None

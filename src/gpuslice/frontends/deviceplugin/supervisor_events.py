@@ -21,6 +21,7 @@ __all__ = [
     "Counters",
     "Event",
     "KubeletRestarted",
+    "MayRegister",
     "OnFailed",
     "RegisterDone",
     "RegisterFailed",
@@ -60,6 +61,11 @@ class SocketDeleted: ...
 
 
 @dataclass(frozen=True)
+class MayRegister:
+    """Registrations were held (a predecessor still streamed): register now."""
+
+
+@dataclass(frozen=True)
 class StreamDropped:
     """The kubelet cancelled a ListAndWatch stream of this server: it dropped the resource."""
 
@@ -84,6 +90,7 @@ Event = (
     | Stop
     | ServerDown
     | StreamDropped
+    | MayRegister
     | RegisterDone
     | RegisterFailed
     | TimerDue

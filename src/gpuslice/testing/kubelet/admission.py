@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.testing.kubelet.endpoint import PluginEndpoint
-from gpuslice.testing.kubelet.records import AdmissionError
+from gpuslice.testing.kubelet.records import AdmissionError, DeviceState
 
 
 def pick(available: Sequence[str], preferred: Sequence[str], needed: int) -> tuple[str, ...]:
@@ -23,13 +23,18 @@ def pick(available: Sequence[str], preferred: Sequence[str], needed: int) -> tup
 
 
 async def allocate_container(
-    ep: PluginEndpoint | None, resource: str, count: int, taken: Collection[str]
+    ep: PluginEndpoint | None,
+    devices: Iterable[DeviceState],
+    resource: str,
+    count: int,
+    taken: Collection[str],
 ) -> tuple[tuple[str, ...], ContainerAllocation]:
-    """Choose `count` healthy devices not in `taken` and call Allocate for them."""
+    """Choose `count` of the resource's healthy `devices` not in `taken` and call
+    Allocate for them on its endpoint `ep`."""
     if ep is None:
         raise AdmissionError(resource, f"cannot allocate unregistered device {resource}")
     # A disconnected plugin's devices were all marked Unhealthy, as the kubelet marks them.
-    healthy = sorted(d.id for d in ep.devices.values() if d.healthy and ep.connected)
+    healthy = sorted(d.id for d in devices if d.healthy)
     if not healthy:
         raise AdmissionError(
             resource, f"no healthy devices present; cannot allocate unhealthy devices {resource}"
@@ -41,6 +46,8 @@ async def allocate_container(
             f"requested number of devices unavailable for {resource}. "
             f"Requested: {count}, Available: {len(available)}",
         )
+    if ep.stopped:  # a client was disconnected after this endpoint connected
+        raise AdmissionError(resource, f"endpoint {ep.endpoint} for {resource} has been stopped")
     preferred: list[str] = []
     if ep.options.get_preferred_allocation_available:
         preferred = await ep.preferred_allocation(available, [], count)

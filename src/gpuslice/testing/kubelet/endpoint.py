@@ -36,6 +36,7 @@ class PluginEndpoint:
         self.stream_open = False
         self.stream_ended = asyncio.Event()
         self.connected = False  # registered and its stream has not ended
+        self.stopped = False  # the kubelet's endpoint stop time is set: Allocate refused
         self.end_reason = ""
         self.registered_at = time.monotonic()
         self._on_update = on_update
@@ -49,6 +50,7 @@ class PluginEndpoint:
         self.stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(self._channel)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._hung_up = False
 
     async def connect(self, timeout_s: float) -> None:
         """Ask for the plugin's options; raises grpc.aio.AioRpcError."""
@@ -62,8 +64,15 @@ class PluginEndpoint:
         self.connected = True
         self._task = asyncio.get_running_loop().create_task(self._watch())
 
+    async def hang_up(self) -> None:
+        """Close the connection, as the kubelet's Disconnect does: the stream is
+        cancelled, and its end is handled as any other (on_end runs)."""
+        self._hung_up = True
+        self.connected = False
+        await self._channel.close()
+
     async def close(self) -> None:
-        """End our side of the stream and the channel (the kubelet dropping the endpoint)."""
+        """End our side of the stream and the channel, telling no one (the stand-in stops)."""
         self._closing = True
         self.connected = False
         task, self._task = self._task, None
@@ -84,6 +93,11 @@ class PluginEndpoint:
             self.end_reason = "stream ended by the plugin"
         except grpc.aio.AioRpcError as exc:
             self.end_reason = f"{exc.code().name}: {exc.details()}"
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._hung_up or (task is not None and task.cancelling()):
+                raise
+            self.end_reason = "CANCELLED: the kubelet closed the connection"
         finally:
             self.stream_open = False
             self.stream_ended.set()
@@ -131,7 +145,7 @@ class PluginEndpoint:
             return await call
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not self._closing or (task is not None and task.cancelling()):
+            if not (self._closing or self._hung_up) or (task is not None and task.cancelling()):
                 raise  # the caller itself is cancelled
             raise AdmissionError(
                 self.resource,

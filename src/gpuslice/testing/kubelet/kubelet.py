@@ -33,6 +33,7 @@ from gpuslice.testing.kubelet.podresources import PodResourcesServicer
 from gpuslice.testing.kubelet.records import (
     AdmittedContainer,
     DeviceState,
+    Disconnect,
     InsufficientResourceError,
     NodeStatus,
     PluginOptions,
@@ -63,8 +64,8 @@ class KubeletStandin:
     """Behaves like the kubelet's device manager on `plugin_dir`.
 
     Use `async with KubeletStandin(dir) as kubelet:` or start()/stop(). State
-    changes wake `wait_for`; `registrations` and `stale_streams` are logs for
-    assertions.
+    changes wake `wait_for`; `registrations`, `disconnects` and `stale_streams` are
+    logs for assertions.
     """
 
     def __init__(self, plugin_dir: str, pod_resources_socket: str | None = None) -> None:
@@ -74,9 +75,15 @@ class KubeletStandin:
         self.checkpoint_path = os.path.join(plugin_dir, checkpoint.CHECKPOINT_NAME)
         self.registrations: list[RegistrationRecord] = []
         self.stale_streams: list[StaleStream] = []
+        self.disconnects: list[Disconnect] = []
         self.restarts = 0
+        # As the kubelet's two maps: the resource's current client (set when Register
+        # comes in, removed when it is disconnected) and its endpoint (set once the
+        # client answered its options; marked stopped when a client is disconnected).
+        self._clients: dict[str, PluginEndpoint] = {}
         self._endpoints: dict[str, PluginEndpoint] = {}
-        self._superseded: list[PluginEndpoint] = []  # replaced, their streams still open
+        self._dialled: list[PluginEndpoint] = []  # every connection, closed at stop()
+        self._devices: dict[str, dict[str, DeviceState]] = {}  # resource -> its devices
         self._dropped_at: dict[str, float] = {}  # resource -> when a disconnect zeroed it
         self._unserved: dict[str, float] = {}  # resource -> seconds at 0 after disconnects
         self._state = checkpoint.Checkpoint()
@@ -127,8 +134,8 @@ class KubeletStandin:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(None)
-        endpoints = [*self._endpoints.values(), *self._superseded]
-        self._endpoints, self._superseded = {}, []
+        endpoints, self._dialled = self._dialled, []
+        self._clients, self._endpoints, self._devices = {}, {}, {}
         for ep in endpoints:
             await ep.close()
         for path in (self.socket_path, self.pod_resources_socket):
@@ -174,6 +181,8 @@ class KubeletStandin:
                     self._on_update,
                     self._on_end,
                 )
+                self._dialled.append(ep)
+                self._clients[req.resource_name] = ep  # registerClient, before the dial
                 try:
                     await ep.connect(DIAL_TIMEOUT_S)
                 except grpc.aio.AioRpcError as exc:
@@ -184,6 +193,8 @@ class KubeletStandin:
                 if problem is None and self._server is None:
                     problem = "kubelet is shutting down"
                 if problem is not None:
+                    if self._clients.get(ep.resource) is ep:
+                        del self._clients[ep.resource]
                     await ep.close()
                     ep = None
             if ep is not None:
@@ -208,31 +219,29 @@ class KubeletStandin:
         return problem
 
     async def _replace(self, ep: PluginEndpoint) -> None:
-        """Make `ep` the resource's current client, as the kubelet's registerClient
-        does: an older one is neither told nor disconnected, and its stream, if still
-        open, runs on (see _on_end); its devices stand until `ep` sends its list."""
-        old = self._endpoints.get(ep.resource)
-        if old is not None:
-            # The kubelet keeps the resource's devices (and their health) until the new
-            # client's first list: capacity never drops to 0 on a registration.
-            ep.devices = dict(old.devices)
-            if old.stream_open:
-                self._superseded.append(old)
-            else:
-                await old.close()
+        """Make `ep` the resource's endpoint, as the kubelet's PluginConnected does: an
+        older client is neither told nor disconnected, and its stream, if still open,
+        runs on (see _on_end). The resource's devices (and their health) stand until a
+        list comes: capacity never drops to 0 on a registration."""
         self._endpoints[ep.resource] = ep
         if ep.resource not in self._state.resources:
             self._state.resources.add(ep.resource)
             self._save()
 
     async def _on_update(self, ep: PluginEndpoint) -> None:
+        """A list from any client of the resource, current or not, is the resource's."""
+        self._devices[ep.resource] = dict(ep.devices)
         since = self._dropped_at.get(ep.resource)
-        healthy = any(d.healthy for d in ep.devices.values())
-        if since is not None and healthy and self._endpoints.get(ep.resource) is ep:
+        if since is not None and self._servable(ep.resource):
             del self._dropped_at[ep.resource]
             gap = time.monotonic() - since
             self._unserved[ep.resource] = self._unserved.get(ep.resource, 0.0) + gap
         await self._notify()
+
+    def _servable(self, resource: str) -> bool:
+        ep = self._endpoints.get(resource)
+        healthy = any(d.healthy for d in self._devices.get(resource, {}).values())
+        return ep is not None and not ep.stopped and healthy
 
     def unserved_s(self, resource: str) -> float:
         """Seconds the resource's allocatable was 0 because its plugin was disconnected
@@ -241,28 +250,25 @@ class KubeletStandin:
         ongoing = 0.0 if since is None else time.monotonic() - since
         return self._unserved.get(resource, 0.0) + ongoing
 
-    def _dropped(self, ep: PluginEndpoint) -> None:
-        """Disconnect: every device Unhealthy (allocatable 0, capacity kept)."""
-        _mark_unhealthy(ep)
-        self._dropped_at.setdefault(ep.resource, time.monotonic())
-
     async def _on_end(self, ep: PluginEndpoint) -> None:
-        """A plugin's ListAndWatch stream ended without the stand-in closing it. As
+        """A plugin's ListAndWatch stream ended (the stand-in's own stop aside). As
         the kubelet's runClient does, this disconnects the resource's CURRENT client,
-        whichever stream ended: every device turns Unhealthy (capacity stays,
-        allocatable drops to 0) and that client's stream is cancelled, until a
-        plugin registers again and sends a list. So when an old instance's stream
-        ends after a newer one registered, the newer one is dropped, and a pod
-        admitted before the plugin registers again fails with "no healthy devices
-        present"."""
-        current = self._endpoints.get(ep.resource)
-        if ep in self._superseded:
-            self._superseded.remove(ep)
-            await ep.close()
-            if current is not None and current.connected:
+        whichever stream ended (none: nothing happens): it is deregistered, its
+        connection closed (its stream, if open, is cancelled, and that end comes here
+        too), then every device turns Unhealthy (capacity stays, allocatable drops to
+        0) and the endpoint then in place is stopped, until a plugin registers again
+        and sends a list. So when an old instance's stream ends after a newer one
+        registered, the newer one is dropped, and a pod admitted before a plugin
+        registers again fails with "no healthy devices present". The ended client's
+        own connection is left open, as the kubelet leaves it, until stop()."""
+        current = self._clients.pop(ep.resource, None)
+        if current is not None:
+            at = time.monotonic()
+            self.disconnects.append(Disconnect(at, ep.resource, ep.endpoint, current.endpoint))
+            if current is not ep:
                 self.stale_streams.append(
                     StaleStream(
-                        time.monotonic(),
+                        at,
                         ep.resource,
                         ep.endpoint,
                         current.endpoint,
@@ -272,12 +278,21 @@ class KubeletStandin:
                 _log.warning(
                     "standin_resource_dropped", resource=ep.resource, endpoint=current.endpoint
                 )
-                self._dropped(current)
-                await current.close()
-        elif current is ep:
-            self._dropped(ep)
-            await ep.close()
+            await current.hang_up()
+            self._plugin_disconnected(ep.resource)
         await self._notify()
+
+    def _plugin_disconnected(self, resource: str) -> None:
+        """Every device Unhealthy and the endpoint in place now stopped (PluginDisconnected)."""
+        ep = self._endpoints.get(resource)
+        if ep is None:
+            return
+        devices = self._devices.get(resource, {})
+        self._devices[resource] = {
+            i: dataclasses.replace(d, healthy=False) for i, d in devices.items()
+        }
+        ep.stopped = True
+        self._dropped_at.setdefault(resource, time.monotonic())
 
     # admission
 
@@ -305,7 +320,10 @@ class KubeletStandin:
             for resource in sorted(r for r, n in requests.items() if n > 0):
                 ep = self._endpoints.get(resource)
                 taken = held.setdefault(resource, set())
-                ids, alloc = await allocate_container(ep, resource, requests[resource], taken)
+                devices = self.devices(resource).values()
+                ids, alloc = await allocate_container(
+                    ep, devices, resource, requests[resource], taken
+                )
                 taken.update(ids)
                 admitted.append(AdmittedContainer(pod, ctr, resource, ids, alloc))
         uid = self._state.record(pod, [(a.container, a.resource, a.device_ids) for a in admitted])
@@ -377,7 +395,8 @@ class KubeletStandin:
     def endpoint(self, resource: str) -> str | None:
         """The socket base name serving the resource now, if registered and streaming."""
         ep = self._endpoints.get(resource)
-        return ep.endpoint if ep is not None and ep.connected else None
+        live = ep is not None and ep.connected and not ep.stopped
+        return ep.endpoint if ep is not None and live else None
 
     def options(self, resource: str) -> PluginOptions | None:
         ep = self._endpoints.get(resource)
@@ -385,8 +404,7 @@ class KubeletStandin:
 
     def devices(self, resource: str) -> dict[str, DeviceState]:
         """The latest device list of the resource (empty when not registered)."""
-        ep = self._endpoints.get(resource)
-        return {} if ep is None else dict(ep.devices)
+        return dict(self._devices.get(resource, {}))
 
     def updates(self, resource: str) -> int:
         """How many ListAndWatch messages the current endpoint has sent."""
@@ -428,7 +446,3 @@ class KubeletStandin:
 
     def _save(self) -> None:
         checkpoint.save(self.checkpoint_path, self._state)
-
-
-def _mark_unhealthy(ep: PluginEndpoint) -> None:
-    ep.devices = {i: DeviceState(i, False, d.numa_nodes) for i, d in ep.devices.items()}

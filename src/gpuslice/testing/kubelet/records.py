@@ -52,6 +52,17 @@ class StaleStream:
 
 
 @dataclass(frozen=True, slots=True)
+class Disconnect:
+    """A stream of `ended` ended, and the kubelet dropped the resource's current client,
+    `dropped` (the same endpoint, unless a newer one had registered: a StaleStream)."""
+
+    at: float
+    resource: str
+    ended: str
+    dropped: str
+
+
+@dataclass(frozen=True, slots=True)
 class AdmittedContainer:
     pod: str
     container: str
