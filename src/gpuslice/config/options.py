@@ -21,7 +21,8 @@ from gpuslice.core.dra.devices import DraOptions
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.health import XidPolicy
 from gpuslice.core.health_state import RecoveryPolicy
-from gpuslice.core.watchdog import Policy, parse_size
+from gpuslice.core.quantity import parse_bytes
+from gpuslice.core.watchdog import Policy
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_MPS_CONTROL = str(FLAGS_BY_NAME["mps-control-binary"].default)
@@ -271,7 +272,7 @@ def parse_budgets(text: str) -> dict[str, int]:
         try:
             if not sep or not name.strip():
                 raise ValueError(entry)
-            out[name.strip()] = parse_size(size)
+            out[name.strip()] = parse_bytes(size)
         except ValueError:
             raise ConfigError(
                 f"--memory-budget (GPUSLICE_MEMORY_BUDGET): {entry!r} is not "

@@ -23,9 +23,9 @@ from gpuslice.config.checks import (
     resource_name,
 )
 from gpuslice.config.resource_names import check_servable
+from gpuslice.core.quantity import parse_bytes
 from gpuslice.core.response import LIST_STRATEGIES
 from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
-from gpuslice.core.watchdog import parse_size
 
 VERSION = "v1"
 
@@ -218,7 +218,7 @@ def _size(field: str, value: str | int | None) -> int | None:
             raise FieldError(field, value, SIZE_EXPECTED)
         return value
     try:
-        return parse_size(value)
+        return parse_bytes(value)
     except ValueError:
         raise FieldError(field, value, SIZE_EXPECTED) from None
 

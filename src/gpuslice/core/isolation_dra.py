@@ -23,7 +23,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.claims import ClaimAllocation, config_for
 from gpuslice.core.dra.devices import MIG, DraDevice
 from gpuslice.core.isolation import MIB, Limit, MemoryPolicy
-from gpuslice.core.watchdog import parse_size
+from gpuslice.core.quantity import parse_bytes
 
 MAX_ITEMS = 256  # results, requests and reservations read from one claim
 
@@ -38,19 +38,16 @@ def claim_pods(obj: Mapping[str, object]) -> tuple[str, ...]:
     )
 
 
-def requested_memory(obj: Mapping[str, object], driver: str) -> dict[str, int]:
-    """Request name -> bytes of memory the claim was allocated, or asked for, per device."""
+def requested_memory(obj: Mapping[str, object]) -> dict[str, int]:
+    """Request name -> bytes of memory the claim asked for per device. What the scheduler
+    charged (consumedCapacity) is read once, by core.dra.claims.parse_claim, into each
+    allocated device's `memory_mib`."""
     out: dict[str, int] = {}
     for r in map(_map, _list(_map(_map(obj.get("spec")).get("devices")).get("requests"))):
         body = _map(r.get("exactly")) or r
         size = _size(_map(_map(body.get("capacity")).get("requests")).get("memory"))
         if size is not None and isinstance(r.get("name"), str):
             out[str(r["name"])] = size
-    devices = _map(_map(_map(obj.get("status")).get("allocation")).get("devices"))
-    for r in map(_map, _list(devices.get("results"))):
-        size = _size(_map(r.get("consumedCapacity")).get("memory"))
-        if size is not None and r.get("driver") == driver and isinstance(r.get("request"), str):
-            out[str(r["request"])] = size
     return out
 
 
@@ -75,7 +72,7 @@ def claim_limits(
     driver: str,
 ) -> dict[str, Limit]:
     """GPU UUID -> the claim's limit there, summed over its devices."""
-    memory = requested_memory(obj, driver)
+    asked = requested_memory(obj)
     shares = consumed_shares(obj, driver)
     out: dict[str, Limit] = {}
     for alloc, device in zip(claim.devices, devices, strict=True):
@@ -83,7 +80,11 @@ def claim_limits(
         rule = policy.rule(device.resource)
         if gpu is None or device.kind == MIG or (rule is not None and rule.off):
             continue
-        hard = memory.get(alloc.request, memory.get(alloc.request.split("/", 1)[0]))
+        hard = (
+            alloc.memory_mib * MIB
+            if alloc.memory_mib is not None
+            else asked.get(alloc.request, asked.get(alloc.request.split("/", 1)[0]))
+        )
         config = config_for(claim, alloc.request)
         if hard is None and config is not None:
             pinned = config.pinned_per_device_mib.get(
@@ -113,7 +114,7 @@ def _size(value: object) -> int | None:
         return value if value >= 0 else None
     if isinstance(value, str) and len(value) <= 64:
         try:
-            return parse_size(value)
+            return parse_bytes(value)
         except ValueError:
             return None
     return None

@@ -10,7 +10,6 @@ goes over; under `report` and `unhealthy` once per stretch over budget, under
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,17 +31,6 @@ class NotProvenError(Exception):
 
 
 POLICIES = tuple(p.value for p in Policy)
-_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?)?")
-_UNITS = {"": 1, **{u: 1000 ** (i + 1) for i, u in enumerate("KMGTP")}}
-_UNITS.update({f"{u}i": 1024 ** (i + 1) for i, u in enumerate("KMGTP")})
-
-
-def parse_size(text: str) -> int:
-    """A Kubernetes quantity of bytes ("10Gi", "512Mi", "8G", "1073741824")."""
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(text)
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
 @dataclass(frozen=True, slots=True)

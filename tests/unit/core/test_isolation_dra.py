@@ -54,7 +54,7 @@ def limits(obj: dict[str, Any], dev: DraDevice, policy: MemoryPolicy | None = No
 
 def test_consumed_memory_comes_first_then_the_request() -> None:
     requested = [{"name": "gpu", "exactly": {"capacity": {"requests": {"memory": "8Gi"}}}}]
-    assert requested_memory(claim(requests=requested), DRIVER) == {"gpu": 8 << 30}
+    assert requested_memory(claim(requests=requested)) == {"gpu": 8 << 30}
     both = claim({"consumedCapacity": {"memory": "6Gi"}}, requests=requested)
     assert limits(both, device()) == {"GPU-0": Limit(6 << 30)}
     assert claim_pods(both) == ("pod-1",)

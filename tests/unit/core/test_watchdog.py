@@ -11,7 +11,7 @@ from gpuslice.config.options import parse_budgets
 from gpuslice.core.attribution import ContainerUsage
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.watchdog import Policy, budget_of, budgets, decide, parse_size
+from gpuslice.core.watchdog import Policy, budget_of, budgets, decide
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -83,14 +83,6 @@ def test_the_message_names_container_gpu_use_and_budget() -> None:
     assert breach.message == (
         "container c uses 5000 MiB of GPU 0 (GPU-a) through r, over its budget of 4096 MiB"
     )
-
-
-@pytest.mark.parametrize(
-    ("text", "size"),
-    [("10Gi", 10 * GIB), ("512Mi", 512 * MIB), ("1G", 10**9), ("1.5Gi", 3 * GIB // 2), ("42", 42)],
-)
-def test_sizes_are_kubernetes_quantities(text: str, size: int) -> None:
-    assert parse_size(text) == size
 
 
 def test_budgets_flag() -> None:

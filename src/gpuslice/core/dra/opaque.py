@@ -18,18 +18,16 @@ strictly.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.core.errors import ConfigError
+from gpuslice.core.quantity import parse_bytes
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG, MIG_CONFIG = "GpuConfig", "MigDeviceConfig"
 TIME_SLICING, MPS = "TimeSlicing", "MPS"
 INTERVALS = ("Default", "Short", "Medium", "Long")
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
 MIB = 2**20
 
 
@@ -113,10 +111,12 @@ def _mps(kind: str, mps: Mapping[str, object], at: str) -> SharingConfig:
 def quantity_mib(value: object, where: str) -> int:
     """A memory Quantity (10Gi, 512Mi, 1G, 1073741824) in whole MiB, at least 1."""
     text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    found = re.fullmatch(r"(\d{1,15})(Ki|Mi|Gi|Ti|k|M|G|T)?", text.strip())
-    if not found:
-        raise ConfigError(f"{where}: {value!r} is not a memory quantity such as 10Gi or 512Mi")
-    mib = int(found[1]) * _UNITS[found[2] or ""] // MIB
+    try:
+        mib = parse_bytes(text) // MIB
+    except ValueError:
+        raise ConfigError(
+            f"{where}: {value!r} is not a memory quantity such as 10Gi or 512Mi"
+        ) from None
     if mib < 1:
         raise ConfigError(f"{where}: {value!r} is below 1Mi")
     return mib
