@@ -9,7 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import DraOptions, build_devices, gpu_name, pci_bus_id, semver
+from gpuslice.core.dra.devices import (
+    MAX_ATTRIBUTES,
+    DraOptions,
+    build_devices,
+    gpu_name,
+    pci_bus_id,
+    semver,
+)
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.resources import build_resources
 from gpuslice.core.sharing import MIG_MIXED, MIG_NONE, MPS, ReplicaRule
@@ -91,6 +98,21 @@ def test_replicas_are_one_device_shared_with_consumable_shares_when_asked() -> N
     }
     (mps,) = devices(b.snapshot(b.gpu(0)), rule, strategy=MPS)
     assert mps.attributes["sharing"] == {"string": "mps"}
+
+
+def test_a_device_never_carries_more_attributes_and_capacities_than_the_api_takes() -> None:
+    rule = ReplicaRule(name="nvidia.com/gpu", replicas=4)
+    (dev,) = devices(b.snapshot(b.gpu(0)), rule)
+    extra = {f"extra{i:02}": {"int": i} for i in range(40)}
+    crowded = dataclasses.replace(dev, attributes={**dev.attributes, **extra})
+    for opts in (OPTS, DraOptions(consumable_shares=True)):
+        (entry,) = published([crowded], frozenset(), opts)
+        assert len(entry["attributes"]) + len(entry["capacity"]) == MAX_ATTRIBUTES
+        assert entry["capacity"].keys() == published([dev], frozenset(), opts)[0]["capacity"].keys()
+        assert entry["attributes"]["uuid"] == dev.attributes["uuid"]  # its own come first
+        assert entry["attributes"]["sharing"] == {"string": "time-slicing"}
+    (plain,) = published([dev], frozenset(), OPTS)
+    assert plain["attributes"] == dict(dev.attributes)  # under the limit: all of them
 
 
 def test_a_failed_gpu_takes_its_mig_devices_out_or_taints_them() -> None:

@@ -165,7 +165,6 @@ class DraServer:
         self._bound: dict[str, FileId | None] = {}
         self._stopping = asyncio.Event()
         self._registered = False
-        self.registration_error = ""
         self.status_changed = asyncio.Event()
         self._changes = 0  # registration outcomes told, and stops
         self._changed = asyncio.Condition()
@@ -249,7 +248,7 @@ class DraServer:
             self._changed.notify_all()
 
     async def _registration_status(self, registered: bool, error: str) -> None:
-        self._registered, self.registration_error = registered, error
+        self._registered = registered
         log = _log.info if registered else _log.error
         log("dra_plugin_registration", driver=self.handler.driver, registered=registered,
             error=error)  # fmt: skip

@@ -146,7 +146,7 @@ def build_devices(
                 sharing=sharing,
                 replicas=adv.replicas,
                 paths=adv.paths,
-                attributes={**attrs, **common, "sharing": _string(sharing)},
+                attributes={**attrs, "sharing": _string(sharing), **common},
                 capacity=cap,
             )
     return tuple(sorted(out.values(), key=lambda d: d.name))

@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.dra.capacity import shared_capacity
-from gpuslice.core.dra.devices import DraDevice, DraOptions, Json
+from gpuslice.core.dra.devices import MAX_ATTRIBUTES, DraDevice, DraOptions, Json
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
@@ -36,11 +36,16 @@ def is_unhealthy(device: DraDevice, unhealthy: Collection[str]) -> bool:
 
 
 def device_json(device: DraDevice, opts: DraOptions, *, unhealthy: bool = False) -> Json:
-    out: Json = {"name": device.name, "attributes": dict(device.attributes)}
+    out: Json = {"name": device.name}
     capacity: dict[str, Json] = {k: {"value": v} for k, v in device.capacity.items()}
     if opts.consumable_shares and device.shared:
         out["allowMultipleAllocations"] = True
         capacity = shared_capacity(device)  # every capacity with a policy: N claims fit
+    # The API refuses a device with more than MAX_ATTRIBUTES attributes and capacities
+    # together: every capacity is kept (the scheduler counts them), then the attributes
+    # in their order (the device's own first, the node's common ones last).
+    room = max(MAX_ATTRIBUTES - len(capacity), 0)
+    out["attributes"] = dict(list(device.attributes.items())[:room])
     out["capacity"] = capacity
     if unhealthy:
         taint = {"key": f"{opts.driver}/{UNHEALTHY_TAINT}", "effect": "NoSchedule"}

@@ -17,7 +17,6 @@ the front-end; until then `pending` is set.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +43,6 @@ class SlicePublisher:
         self.pending = True  # what should be published is not (yet)
         self.stale = False  # the stored slices may differ from what we wrote
         self.repairs = 0  # slices rewritten or deleted because someone changed them
-        self.last_publish_s = 0.0  # how long the last publish took
 
     def noticed(self, change: SliceChange) -> bool:
         """Take one event of the slice watch; True when it is not the echo of our own
@@ -65,7 +63,6 @@ class SlicePublisher:
         if wanted == self._entries and not self.pending and not self.stale:
             return False
         self.pending = True
-        started = time.monotonic()
         if self._stored is None or self.stale:
             self.stale = False
             found = await self.api.list_slices(self.node, self.opts.driver)
@@ -87,7 +84,6 @@ class SlicePublisher:
             log.warning("dra_slices_repaired", node=self.node, generation=self.generation,
                         slices=wrote)  # fmt: skip
         self.slices, self._entries, self.pending = slices, wanted, False
-        self.last_publish_s = time.monotonic() - started
         return bool(new or wrote)
 
     async def _converge(self, slices: list[Json], *, rewrite: bool) -> int:
