@@ -38,7 +38,9 @@ async def test_a_watch_that_ends_empty_at_once_backs_off_before_every_retry() ->
     async def read() -> NodeState:
         return NodeState({"a": "1"}, "7")
 
-    async def empty_watch(version: str | None) -> AsyncGenerator[WatchEvent[dict[str, str]], None]:
+    async def empty_watch(
+        version: str | None, streaming: bool
+    ) -> AsyncGenerator[WatchEvent[dict[str, str]], None]:
         opened.append(version)
         if len(opened) == 5:
             fifth.set()
