@@ -8,8 +8,8 @@ with the answers a real API server gives.
   `expired_below`; ended cleanly after its timeoutSeconds, divided by `time_scale` for
   an accelerated run; a streaming list (sendInitialEvents=true, which needs
   allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan, else 422) ends its
-  initial events with a bookmark, or is refused as etcd 3.4 refuses it while
-  `watch_list_refused`; watches.py); a list of nodes by fieldSelector metadata.name, whose
+  initial events with a bookmark, or is refused as `watch_lists_refused` says;
+  watches.py); a list of nodes by fieldSelector metadata.name, whose
   resourceVersion is the server's current one, as a real list's is;
 - GET of configmaps in a namespace, by name, as such a list and as the same watch as nodes;
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
@@ -60,7 +60,14 @@ from gpuslice.testing.apiserver.status import (
     status,
     write_refusal,
 )
-from gpuslice.testing.apiserver.watches import DROP, END, Watches, list_problem
+from gpuslice.testing.apiserver.watches import (
+    DROP,
+    END,
+    REFUSED_WATCH_LIST,
+    STORAGE,
+    Watches,
+    list_problem,
+)
 
 NODES = "/api/v1/nodes"
 NAMESPACES = "/api/v1/namespaces/"
@@ -82,6 +89,17 @@ def _corrupt(how: str) -> tuple[bytes, str]:
     return _CORRUPT[how]
 
 
+# What refuses a streaming list, by code: a proxy, the WatchList feature gate off, storage.
+REFUSALS = {
+    400: ("BadRequest", "sendInitialEvents: unsupported query parameter"),
+    422: (
+        "Invalid",
+        'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: '
+        "sendInitialEvents is forbidden for watch unless the WatchList feature gate is "
+        "enabled",
+    ),
+    500: ("InternalError", REFUSED_WATCH_LIST),
+}
 WAIT_S = 5.0  # every awaited condition here is met in milliseconds when things work
 USER = "system:serviceaccount:gpu-operator:gpuslice"
 
@@ -118,7 +136,9 @@ class FakeApiServer:
         self.expired_below = 0
         self.time_scale = 1.0  # server seconds per real second (a watch's timeoutSeconds)
         self.nfd_installed = True
-        self.watch_list_refused = False  # streaming lists refused, as over etcd 3.4
+        # Streaming lists: None served; STORAGE refused as over etcd 3.4; a code: answered
+        # with it (a feature gate off: 422; a proxy: 400, 500).
+        self.watch_lists_refused: int | str | None = None
         self.warming: asyncio.Event | None = None  # watches answered 429 until it is set
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
@@ -540,13 +560,16 @@ class FakeApiServer:
         since = req.query.get("resourceVersion")
         listing = req.query.get("sendInitialEvents") == "true"
         problem = list_problem(req.query)
+        if problem is None and listing and isinstance(self.watch_lists_refused, int):
+            code = self.watch_lists_refused
+            problem = status(code, *REFUSALS.get(code, REFUSALS[500]))
         if problem is not None:
-            return await self._reply(writer, req, 422, problem)
+            return await self._reply(writer, req, problem["code"], problem)
         if since and not listing and int(since) < self.expired_below:
             gone = status(410, "Expired", "too old resource version")
             return await self._reply(writer, req, 410, gone)
         stream = self.watch_state.open(collection, req.query, self._current)
-        if listing and self.watch_list_refused:
+        if listing and self.watch_lists_refused == STORAGE:
             self.watch_state.refuse_list(stream)
         elif listing:
             self.watch_state.initial_end(stream, str(self.version))

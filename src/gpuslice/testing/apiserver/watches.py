@@ -24,6 +24,7 @@ from gpuslice.testing.apiserver.status import status
 
 END = "end"  # a clean end of the response, as on the server's timeout
 DROP = "drop"  # the connection dies mid-stream
+STORAGE = "storage"  # a streaming list refused by the storage (etcd 3.4): see refuse_list
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 REFUSED_WATCH_LIST = (
     "a watch stream was requested by the client but the required storage feature "
