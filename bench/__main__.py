@@ -23,6 +23,7 @@ import grpc
 
 from bench import (
     advise,
+    api_restart,
     configmap,
     dra,
     events,
@@ -57,6 +58,7 @@ GROUPS: dict[str, Group] = {
     "advise": (advise.FIGURES, advise.run),
     "isolation": (isolation.FIGURES, isolation.run),
     "fleet": (fleet.FIGURES, fleet.run),
+    "api_restart": (api_restart.FIGURES, api_restart.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -23,6 +23,7 @@ class Plan:
     fleet_hours: float  # accelerated agent-hours per idle trial
     fleet_restarts: int  # API server restarts
     fleet_outage_s: float  # how long the server stays away on each
+    fleet_warming_s: float  # then how long its watch cache fills (watches answered 429)
 
 
 FULL = Plan(
@@ -42,6 +43,7 @@ FULL = Plan(
     fleet_hours=1.0,
     fleet_restarts=3,
     fleet_outage_s=15.0,
+    fleet_warming_s=3.0,
 )
 
 QUICK = Plan(
@@ -61,4 +63,5 @@ QUICK = Plan(
     fleet_hours=0.25,
     fleet_restarts=1,
     fleet_outage_s=3.0,
+    fleet_warming_s=1.0,
 )

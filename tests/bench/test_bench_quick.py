@@ -54,7 +54,9 @@ FIGURES = {
     "isolation_cpu_per_100_pods",
     "fleet_idle_requests",
     "fleet_switch_p99",
-    "fleet_restart_recovery",
+    "api_restart_reopen_p50",
+    "api_restart_reopen_max",
+    "api_restart_peak_rps",
 }
 
 

@@ -8,6 +8,7 @@ that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them
 - the watch starts from the read's resourceVersion; BOOKMARK events only move it;
 - a watch the server ends cleanly (its timeoutSeconds) resumes from the last version;
 - 410 Gone or a broken watch: back off, re-read fully (retrying until it works), resume;
+  a watch answered "later" (429, 503) is asked for again after the back-off, unread;
 - 410 Gone for the version a re-read gave (nothing delivered since): the server's watch
   cache starts after that version, as after an API server restart while the object stood
   unchanged; re-reading gives the same version again, so the watch starts from now
@@ -88,9 +89,14 @@ class WatchBroken(Exception):  # noqa: N818 - a state, like the HTTP terms above
         self.code = code
 
     @property
+    def later(self) -> bool:
+        """The server answered "not now" (429, 503: a starting server's watch cache)."""
+        return self.code in _LATER
+
+    @property
     def refusal(self) -> bool:
-        """An answer that refuses the request itself, not one that says "later"."""
-        return not self.unreachable and self.code not in _LATER
+        """An answer that refuses the request itself."""
+        return not self.unreachable and not self.later
 
 
 class Unreachable(BackendError):  # noqa: N818 - a state
@@ -117,10 +123,10 @@ class Retry:
     - no answer at all (refused, timed out): anywhere within the same doubling capped at
       `probe_cap_s` (full jitter): a refused connection costs the server nothing;
     - answered failures just after unanswered ones (the server is coming back, its watch
-      cache filling): counted afresh, not on from the outage's count, and kept within
-      `probe_cap_s` (full jitter) for `return_tries`, so every agent is back within
-      that of the server's readiness, their requests spread over it; then the doubling
-      resumes for a server that came back broken.
+      cache filling): anywhere within `probe_cap_s` (full jitter), for `return_tries`
+      of them, so every agent is back within that of the server's readiness and the
+      fleet's retries are spread evenly over it; then the doubling resumes (counted
+      from those failures, not the outage's) for a server that came back broken.
     """
 
     def __init__(
@@ -149,7 +155,7 @@ class Retry:
         self.failures += 1
         if self._returning:
             self._returning -= 1
-            return spread(self.probe.delay(self.failures), self._rand.uniform)
+            return spread(self.probe.max_s, self._rand.uniform)
         return jittered(self.schedule.delay(self.failures), self._rand.uniform)
 
     async def wait(self, *, unreachable: bool = False) -> None:
@@ -234,6 +240,9 @@ async def follow(
             if trouble != str(exc):
                 trouble = str(exc)
                 yield last, trouble
+            if exc.later:  # the same watch again: nothing was missed that a read would give
+                await backoff.wait()
+                continue
         while True:  # re-read until it works
             await backoff.wait(unreachable=unreachable)
             try:
