@@ -1,8 +1,8 @@
 """Follow one object (a Node, a ConfigMap): a full read first, then a watch that survives failures.
 
 The loop knows nothing about HTTP: it gets a `read` (full GET of the object) and an
-`open_watch(resource_version)` (one watch request, as an async iterator of events
-that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them:
+`open_watch(resource_version, streaming)` (one watch request, as an async iterator of
+events that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them:
 
 - the first read's failure propagates (BackendError) so the caller learns at once;
 - the watch starts from the read's resourceVersion; BOOKMARK events only move it;
@@ -17,10 +17,9 @@ that raises WatchGone or WatchBroken). Rules, as a client-go reflector does them
   that ends the initial events (SYNCED), whose version is;
 - a streaming list the server refuses (any answer but "later", 429 or 503: an API
   server over etcd 3.4 answers an ERROR 500; or an end before SYNCED) is not asked for
-  again by this follower: it watches from now without it at once, which is the list and
-  the watch in one request (the object as ADDED, then its changes; no `list` verb
-  needed), and from then on (client-go's reflector falls back to LIST and WATCH the
-  same way);
+  again by this follower: it watches from now without it, at once and from then on:
+  the list and the watch in one request (the object as ADDED, then its changes; no
+  `list` verb needed), as client-go's reflector falls back to LIST and WATCH;
 - retries wait as Retry says: jittered, doubling up to a cap; short while the server does
   not answer and just after it answers again, so the watches return within seconds of
   the server's return;
