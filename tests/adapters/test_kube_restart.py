@@ -130,8 +130,9 @@ def test_a_server_that_does_not_answer_is_probed_at_a_short_cap_one_that_answers
     None
 ):
     """Recovery follows the server's return within seconds: a refused connection costs
-    the server nothing, so it is retried at most PROBE_CAP_S (+20 %) apart; failures the
-    server answered (5xx, 429, 403) still back off to the long cap."""
+    the server nothing, so it is retried within PROBE_CAP_S (full jitter); failures the
+    server answered (5xx, 429, 403), with no outage before, still back off to the long
+    cap."""
     away = Retry(0.2, 30.0, rand=random.Random(1))
     assert max(away.next_delay(unreachable=True) for _ in range(20)) <= PROBE_CAP_S * 1.2
     answered = Retry(0.2, 30.0, rand=random.Random(1))
