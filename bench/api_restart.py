@@ -15,6 +15,10 @@ from now as streaming lists).
 - api_restart_peak_rps: the most requests the server received from the `new` fleet in one
   second (sliding, sampled every 5 ms) from the restart until every agent was back, per
   100 agents; baseline: the `former` fleet's.
+- api_restart_refused_lists_switch_max: once more, the server restarted refusing streaming
+  lists as one over etcd 3.4 does (watch_lists_refused); once every watch is back, the
+  `new` fleet's ConfigMap edited: seconds until the last agent applied it (the p50 in the
+  details); baseline: the same edit made just before that restart.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import asyncio
 import random
 from collections.abc import Callable
 
-from bench.fleet import Fleet, fleets
+from bench.fleet import Fleet, fleets, switch
 from bench.harness import Figure, S, Target, now, percentile
 from bench.plan import Plan
 from bench.rigs import scratch
@@ -31,8 +35,14 @@ from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.adapters.kube.watch import Retry
 from gpuslice.core.restart import jittered
 from gpuslice.testing.apiserver import FakeApiServer
+from gpuslice.testing.apiserver.watches import STORAGE
 
-FIGURES = ("api_restart_reopen_p50", "api_restart_reopen_max", "api_restart_peak_rps")
+FIGURES = (
+    "api_restart_reopen_p50",
+    "api_restart_reopen_max",
+    "api_restart_peak_rps",
+    "api_restart_refused_lists_switch_max",
+)
 STEP_S = 0.005
 WAIT_S = 120.0
 PER = 100  # the herd is given per this many agents
@@ -161,6 +171,11 @@ async def run(plan: Plan) -> list[Figure]:
                 before["p50"].append(percentile(theirs[0], 50))
                 before["max"].append(max(theirs[0]))
                 before["peak"].append(theirs[1])
+            served = await switch(server, made["new"], 8)
+            server.watch_lists_refused = STORAGE
+            await restart(server, [made["new"], made["former"]], plan.fleet_outage_s,
+                          plan.fleet_warming_s)  # fmt: skip
+            refused = await switch(server, made["new"], 4)
     detail = {"agents": plan.fleet_agents, "outage_s": plan.fleet_outage_s,
               "warming_s": plan.fleet_warming_s, "in": "one process (watch clients)"}  # fmt: skip
     former = "the same agents with the former retry rule, same restart"
@@ -173,4 +188,10 @@ async def run(plan: Plan) -> list[Figure]:
         Figure("api_restart_peak_rps",
                f"API server restart -> requests in the busiest second, per {PER} agents",
                "req/s", peak, (), before["peak"], former, detail),
+        Figure("api_restart_refused_lists_switch_max",
+               "ConfigMap edit -> applied by the last agent, after a restart of a server "
+               "refusing streaming lists (etcd 3.4)", S, [max(refused)], (Target(1.0),),
+               [max(served)], "the same edit before that restart",
+               {**detail, "p50_s": percentile(refused, 50),
+                "baseline_p50_s": percentile(served, 50)}),
     ]  # fmt: skip

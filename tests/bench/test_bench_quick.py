@@ -57,6 +57,7 @@ FIGURES = {
     "api_restart_reopen_p50",
     "api_restart_reopen_max",
     "api_restart_peak_rps",
+    "api_restart_refused_lists_switch_max",
 }
 
 
