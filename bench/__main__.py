@@ -23,6 +23,7 @@ import grpc
 
 from bench import (
     advise,
+    api_restart,
     configmap,
     dra,
     events,
@@ -61,6 +62,7 @@ GROUPS: dict[str, Group] = {
     "isolation": (isolation.FIGURES, isolation.run),
     "fleet": (fleet.FIGURES, fleet.run),
     "fleet_start": (fleet_start.FIGURES, fleet_start.run),
+    "api_restart": (api_restart.FIGURES, api_restart.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

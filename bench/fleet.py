@@ -1,4 +1,5 @@
-"""A fleet of agents against one API server stand-in: idle traffic, switch fan-out, recovery.
+"""A fleet of agents against one API server stand-in: idle traffic and switch fan-out
+(an API server restart: bench.api_restart).
 
 Each agent is what talks to the API in `gpuslice run --config-map` with labels on, built
 from the real services: a KubeNodeApi with its own HTTP client, the config manager
@@ -21,10 +22,6 @@ From here on, fresh fleets of plan.fleet_agents in real time.
 - Switch fan-out: the entry in force in `new`'s ConfigMap edited (4 <-> 8 replicas);
   seconds until each agent applied it; p99 over all agents and flips of a trial.
   Baseline: one agent alone, with a ConfigMap of its own, edited right after.
-- Recovery after an API server restart: the stand-in down for plan.fleet_outage_s (every
-  connection cut), then back with a watch cache at a newer resourceVersion (410 for every version
-  the agents hold); seconds from its return until every watch of the fleet is open
-  again. Baseline: the `old` fleet, back in the same trial.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from pathlib import Path
 from httpx2 import Timeout
 from lightkube import AsyncClient, KubeConfig
 
-from bench.harness import MS, Figure, S, Target, now, percentile
+from bench.harness import MS, Figure, Target, now, percentile
 from bench.plan import Plan
 from bench.rigs import scratch
 from gpuslice.adapters.kube import KubeNodeApi
@@ -52,7 +49,7 @@ from gpuslice.services.config_source import DEFAULT_ANNOTATION, ConfigMapEntries
 from gpuslice.services.labeller import Labeller, NodeFeatureSink
 from gpuslice.testing.apiserver import FakeApiServer, Request, write_kubeconfig
 
-FIGURES = ("fleet_idle_requests", "fleet_switch_p99", "fleet_restart_recovery")
+FIGURES = ("fleet_idle_requests", "fleet_switch_p99")
 NS = "gpuslice"
 SPEEDUP = 120.0  # accelerated seconds per real second in the idle window
 INTERVAL_S = 60.0  # the labelling interval (GFD's sleep-interval)
@@ -121,7 +118,7 @@ OLD = Timings((240, 240), (0.0, 0.0), 30.0)
 
 async def agent(
     server: FakeApiServer, kubeconfig: str, fleet: Fleet, node: str, timings: Timings,
-    stop: asyncio.Event, seed: int, speedup: float,
+    stop: asyncio.Event, seed: int, speedup: float, api_type: type[KubeNodeApi] = KubeNodeApi,
     *, api_wait: ApiWait | None = None, timeout_s: float = 10.0,
 ) -> None:  # fmt: skip
     """One agent until `stop`: the config manager and the labeller over one KubeNodeApi
@@ -130,7 +127,7 @@ async def agent(
         config=KubeConfig.from_file(kubeconfig), trust_env=False, timeout=Timeout(timeout_s)
     )
     rand = random.Random(seed)
-    api = KubeNodeApi(
+    api = api_type(
         client,
         host=node,
         watch_timeout_s=timings.watch_timeout_s,
@@ -175,11 +172,15 @@ async def agent(
 
 @contextlib.asynccontextmanager
 async def fleets(
-    work: str, sizes: Mapping[str, int], speedup: float = 1.0
+    work: str,
+    sizes: Mapping[str, int],
+    speedup: float = 1.0,
+    apis: Mapping[str, type[KubeNodeApi]] | None = None,
 ) -> AsyncIterator[tuple[FakeApiServer, dict[str, Fleet]]]:
-    """The server and one fleet per prefix (`new` and `one` as shipped, `old` as it was),
-    every agent serving 4 replicas and its NodeFeature written; their timers, and the
-    server's watch timeouts, `speedup` times as fast."""
+    """The server and one fleet per prefix (`new` and `one` as shipped, `old` at the timings
+    it had; `apis` names another KubeNodeApi for a prefix), every agent serving 4 replicas
+    and its NodeFeature written; their timers, and the server's watch timeouts, `speedup`
+    times as fast."""
     async with FakeApiServer() as server:
         server.time_scale = speedup
         kubeconfig = write_kubeconfig(Path(work), server.url)
@@ -192,7 +193,10 @@ async def fleets(
             for i in range(fleet.agents):
                 server.put_node(fleet.node(i))
                 node, seed_i = fleet.node(i), seed * 1000 + i
-                run = agent(server, kubeconfig, fleet, node, timings, stop, seed_i, speedup)
+                api_type = (apis or {}).get(prefix, KubeNodeApi)
+                run = agent(
+                    server, kubeconfig, fleet, node, timings, stop, seed_i, speedup, api_type
+                )
                 tasks.append(asyncio.create_task(run))
         try:
             for fleet in made.values():
@@ -254,32 +258,12 @@ async def switch(server: FakeApiServer, fleet: Fleet, replicas: int) -> list[flo
     return applied
 
 
-async def recovery(server: FakeApiServer, new: Fleet, old: Fleet, outage_s: float) -> list[float]:
-    """Seconds from the server's return until every watch of each fleet is open again."""
-    down = asyncio.Event()
-    restarting = asyncio.create_task(server.restart(down))
-    await wait_until(
-        lambda: new.open_watches(server) == 0 and old.open_watches(server) == 0, "watches cut"
-    )
-    await asyncio.sleep(outage_s)
-    down.set()
-    await restarting
-    back = now()
-    times = await asyncio.gather(
-        wait_until(lambda: new.open_watches(server) == 2 * new.agents, "new watches back"),
-        wait_until(lambda: old.open_watches(server) == 2 * old.agents, "old watches back"),
-    )
-    return [t - back for t in times]
-
-
 async def run(plan: Plan) -> list[Figure]:
     idle_new: list[float] = []
     idle_old: list[float] = []
     writes: list[float] = []
     switch_p99: list[float] = []
     single_p99: list[float] = []
-    back_new: list[float] = []
-    back_old: list[float] = []
     details: list[dict[str, float]] = []
     former: list[dict[str, float]] = []
     with scratch() as work:
@@ -294,9 +278,9 @@ async def run(plan: Plan) -> list[Figure]:
                 details.append(ours)
                 former.append(theirs)
     with scratch() as work:  # real time from here on
-        sizes = {"new": plan.fleet_agents, "old": plan.fleet_agents, "one": 1}
+        sizes = {"new": plan.fleet_agents, "one": 1}
         async with fleets(work, sizes) as (server, made):
-            new, old, one = made["new"], made["old"], made["one"]
+            new, one = made["new"], made["one"]
             replicas = 4
             for _ in range(plan.trials):
                 fleet_s: list[float] = []
@@ -307,10 +291,6 @@ async def run(plan: Plan) -> list[Figure]:
                     alone_s += await switch(server, one, replicas)
                 switch_p99.append(percentile(fleet_s, 99) * 1e3)
                 single_p99.append(percentile(alone_s, 99) * 1e3)
-            for _ in range(plan.fleet_restarts):
-                ours_s, theirs_s = await recovery(server, new, old, plan.fleet_outage_s)
-                back_new.append(ours_s)
-                back_old.append(theirs_s)
     agents = {"agents": plan.fleet_agents}
     how = (
         f"accelerated {SPEEDUP:g}x: watch timeouts, labelling interval and NodeFeature "
@@ -333,13 +313,5 @@ async def run(plan: Plan) -> list[Figure]:
             f"ConfigMap switch -> applied by each of {plan.fleet_agents} agents, p99",
             MS, switch_p99, (Target(1000.0),), single_p99, "one agent alone, p99",
             {**agents, "flips_per_trial": plan.flips},
-        ),
-        Figure(
-            "fleet_restart_recovery",
-            "API server restart (watch cache newer than every version held) -> all watches "
-            "open again, from the server's return",
-            S, back_new, (Target(5.0),), back_old,
-            "the same agents retrying up to 30 s while the server does not answer",
-            {**agents, "outage_s": plan.fleet_outage_s},
         ),
     ]  # fmt: skip

@@ -25,6 +25,7 @@ class Plan:
     fleet_outage_s: float  # how long the server stays away on each
     rolls: int  # rolling upgrades in one chain of agents (bench.roll)
     roll_load: bool  # a busy process on every CPU while they roll
+    fleet_warming_s: float  # then how long its watch cache fills (watches answered 429)
 
 
 FULL = Plan(
@@ -46,6 +47,7 @@ FULL = Plan(
     fleet_outage_s=15.0,
     rolls=20,
     roll_load=True,
+    fleet_warming_s=3.0,
 )
 
 QUICK = Plan(
@@ -67,4 +69,5 @@ QUICK = Plan(
     fleet_outage_s=3.0,
     rolls=2,
     roll_load=False,
+    fleet_warming_s=1.0,
 )

@@ -130,8 +130,9 @@ def test_a_server_that_does_not_answer_is_probed_at_a_short_cap_one_that_answers
     None
 ):
     """Recovery follows the server's return within seconds: a refused connection costs
-    the server nothing, so it is retried at most PROBE_CAP_S (+20 %) apart; failures the
-    server answered (5xx, 429, 403) still back off to the long cap."""
+    the server nothing, so it is retried within PROBE_CAP_S (full jitter); failures the
+    server answered (5xx, 429, 403), with no outage before, still back off to the long
+    cap."""
     away = Retry(0.2, 30.0, rand=random.Random(1))
     assert max(away.next_delay(unreachable=True) for _ in range(20)) <= PROBE_CAP_S * 1.2
     answered = Retry(0.2, 30.0, rand=random.Random(1))
@@ -175,3 +176,44 @@ async def test_the_standin_ends_a_watch_after_its_timeout_scaled_for_accelerated
         answer = await http.get(NODES, params=query)
     assert answer.status_code == 200
     assert [line.count('"ADDED"') for line in answer.text.splitlines()] == [1]
+
+
+async def test_watches_reopen_promptly_once_a_server_back_from_an_outage_has_its_cache_ready(
+    server: FakeApiServer, tmp_path: Path, http: httpx2.AsyncClient
+) -> None:
+    """Away long enough for the probes to pile up failures, then back with its watch
+    cache filling (watches answered 429, as a starting API server does): once the cache
+    is ready both watches reopen within a few probe caps (0.1 s here). Counted on from
+    the outage's failures on the 30 s schedule, as before, the wait was 24 s or more."""
+    server.put_node("n1", {"a": "1"})
+    server.put_config_map(NS, CM, {"ts": "version: v1\n"})
+    client = fake_client(server.url, tmp_path)
+    api = KubeNodeApi(client, backoff_s=(0.05, 30.0), probe_cap_s=0.1)
+    labels = Follower(api.watch_node_labels("n1"))
+    views = Following(api.watch_config_map(NS, CM))
+    both_open = lambda s: s.open_watches(NODES) == 1 and s.open_watches(CONFIGMAPS) == 1  # noqa: E731
+    try:
+        await labels.next()
+        await views.next()
+        await server.wait_for(both_open)
+        down, warming = asyncio.Event(), asyncio.Event()
+        restarting = asyncio.create_task(server.restart(down, warming))
+        await asyncio.sleep(1.0)  # the outage: about ten refused probes per watch
+        down.set()
+        await restarting
+        answer = await http.get(NODES, params={"watch": "true"})
+        assert (answer.status_code, answer.headers.get("retry-after")) == (429, "1")
+        told = lambda s, path: sum(r.code == 429 for r in s.watches(path))  # noqa: E731
+        await server.wait_for(lambda s: told(s, NODES) >= 2)  # this test's, the agent's
+        reads = len(server.of("GET", f"{NODES}/n1"))
+        await server.wait_for(lambda s: told(s, CONFIGMAPS) >= 2 and told(s, NODES) >= 4)
+        assert len(server.of("GET", f"{NODES}/n1")) == reads  # asked again, not re-read
+        loop = asyncio.get_running_loop()
+        ready = loop.time()
+        warming.set()
+        await server.wait_for(both_open)
+        assert loop.time() - ready < 2.0
+    finally:
+        await labels.close()
+        await views.close()
+        await client.close()

@@ -56,9 +56,12 @@ FIGURES = {
     "isolation_cpu_per_100_pods",
     "fleet_idle_requests",
     "fleet_switch_p99",
-    "fleet_restart_recovery",
     "fleet_slow_start_exits",
     "fleet_slow_start",
+    "api_restart_reopen_p50",
+    "api_restart_reopen_max",
+    "api_restart_peak_rps",
+    "api_restart_refused_lists_switch_max",
 }
 
 

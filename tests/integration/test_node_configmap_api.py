@@ -31,10 +31,13 @@ from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.config_source import DEFAULT_ANNOTATION
 from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, Grant, write_kubeconfig
+from gpuslice.testing.apiserver.watches import STORAGE
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring.node import build_node, node_api
 
 CM = "gpuslice-configs"
+CM_PATH = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+NODES = "/api/v1/nodes"
 MIG_1G = "nvidia.com/mig-1g.5gb"
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 
@@ -309,6 +312,34 @@ async def test_an_expired_watch_resumes_and_applies_the_edit_it_missed(
     await cluster.server.wait_for(lambda s: len(s.watches("configmaps")) > watches)
     assert "source" not in cluster.config()
     assert cluster.rejections() == []
+
+
+async def test_after_a_restart_a_server_refusing_streaming_lists_still_serves_switches_at_once(
+    kubelet: KubeletStandin, cluster: Cluster
+) -> None:
+    """An API server over etcd 3.4 refuses the streaming list a watch from now asks for
+    (after its restart every version the agent holds is too old): both watches come
+    back without it, and a label switch and a ConfigMap edit reach the kubelet through
+    them within WITHIN_S, as without the refusal."""
+    server = cluster.server
+    server.watch_lists_refused = STORAGE
+    await server.wait_for(lambda s: s.open_watches() == 1 and s.open_watches(CM_PATH) == 1)
+    await server.restart()
+
+    def plain(path: str) -> bool:
+        last = server.watches(path)[-1]
+        return server.open_watches(path) == 1 and "sendInitialEvents" not in last.query
+
+    await server.wait_for(lambda s: plain(NODES) and plain(CM_PATH))
+    assert [r.code for r in server.watches(CM_PATH) if "sendInitialEvents" in r.query] == [200]
+    reads = len(server.of("GET", f"{NODES}/{NODE}")) + len(server.of("GET", f"{CM_PATH}/"))
+    cluster.set_label("ts-8")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 32}), WITHIN_S)
+    cluster.edit({"ts-8": time_slicing(2)})
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 8}), WITHIN_S)
+    assert cluster.config()["config"] == "ts-8"
+    after = len(server.of("GET", f"{NODES}/{NODE}")) + len(server.of("GET", f"{CM_PATH}/"))
+    assert after == reads  # through the watches, not re-reads
 
 
 @pytest.mark.parametrize(

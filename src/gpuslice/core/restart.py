@@ -23,6 +23,12 @@ def jittered(seconds: float, draw: Callable[[float, float], float]) -> float:
     return seconds * draw(1.0 - JITTER, 1.0 + JITTER)
 
 
+def spread(seconds: float, draw: Callable[[float, float], float]) -> float:
+    """Anywhere from 0 to `seconds` (full jitter): the retries of many clients that failed
+    together (an API server's return) arrive spread over the whole delay."""
+    return draw(0.0, seconds)
+
+
 @dataclass(frozen=True)
 class Backoff:
     """A delay that doubles with each attempt, from `first_s` up to `max_s`."""

@@ -140,7 +140,7 @@ class KubeNodeApi:
         labels = follow(
             Watched("node", node),
             read,
-            lambda version: self._session.watch_node(node, version),
+            lambda version, streaming: self._session.watch_node(node, version, streaming),
             self._retry(),
             nothing,
         )
@@ -164,7 +164,9 @@ class KubeNodeApi:
         views = follow(
             Watched("configmap", f"{namespace}/{name}"),
             read,
-            lambda version: self._session.watch_config_map(namespace, name, version),
+            lambda version, streaming: self._session.watch_config_map(
+                namespace, name, version, streaming
+            ),
             self._retry(),
             ConfigMapView(None),
         )

@@ -34,6 +34,7 @@ from gpuslice.adapters.kube import objects
 from gpuslice.adapters.kube.bounded import BoundedTransport, bounded_transport
 from gpuslice.adapters.kube.watch import (
     OPENED,
+    SYNCED,
     WATCH_TIMEOUT_S,
     NodeState,
     State,
@@ -147,11 +148,12 @@ class ApiSession:
         return NodeState(dict(meta.labels or {}), meta.resourceVersion), meta.uid
 
     def watch_node(
-        self, node: str, version: str | None
+        self, node: str, version: str | None, streaming: bool = True
     ) -> AsyncGenerator[WatchEvent[dict[str, str]], None]:
-        """One watch request on the Node, from `version`; ends when the server ends it."""
+        """One watch request on the Node, from `version` (None: from now, as a streaming
+        list with `streaming`); ends when the server ends it."""
         return self._watch("api/v1/nodes", f"node {node}", f"metadata.name={node}", version,
-                           _labels)  # fmt: skip
+                           _labels, streaming=streaming)  # fmt: skip
 
     async def read_config_map(
         self, namespace: str, name: str
@@ -165,19 +167,21 @@ class ApiSession:
         return State(view, meta.resourceVersion), meta.uid
 
     def watch_config_map(
-        self, namespace: str, name: str, version: str | None
+        self, namespace: str, name: str, version: str | None, streaming: bool = True
     ) -> AsyncGenerator[WatchEvent[ConfigMapView], None]:
-        """One watch request on the ConfigMap, from `version`."""
+        """One watch request on the ConfigMap, as watch_node."""
         path = f"api/v1/namespaces/{namespace}/configmaps"
         what = f"ConfigMap {namespace}/{name}"
-        return self._watch(path, what, f"metadata.name={name}", version, _config_map)
+        fields = f"metadata.name={name}"
+        return self._watch(path, what, fields, version, _config_map, streaming=streaming)
 
     def watch_slices(self, node: str, driver: str) -> AsyncGenerator[WatchEvent[str], None]:
         """One watch request on this node's ResourceSlices of `driver`, from now: the
         slices there as ADDED, then their changes; each event's value is the slice's name."""
         fields = f"spec.nodeName={node},spec.driver={driver}"
         path = f"apis/{objects.DRA_GROUP}/v1/resourceslices"
-        return self._watch(path, f"ResourceSlices of node {node}", fields, None, _name)
+        what = f"ResourceSlices of node {node}"
+        return self._watch(path, what, fields, None, _name, streaming=False)
 
     async def _watch(
         self,
@@ -186,10 +190,14 @@ class ApiSession:
         fields: str,
         version: str | None,
         project: Callable[[_Object], T],
+        *,
+        streaming: bool,
     ) -> AsyncGenerator[WatchEvent[T], None]:
         """One watch request on the objects of the collection at `path` that the field
         selector `fields` matches: OPENED once the server answered, then its events until
-        the server ends the watch."""
+        the server ends the watch. From now (`version` None): the objects as ADDED first;
+        with `streaming`, as a streaming list (sendInitialEvents), whose initial events
+        end with SYNCED."""
         # Each watch asks for its own timeout, so a fleet's watches do not all end (and
         # re-open) together, as client-go's reflector does it.
         seconds = self._rand.randint(*self._watch_timeout_s)
@@ -201,6 +209,9 @@ class ApiSession:
         }
         if version:
             params["resourceVersion"] = version
+        elif streaming:
+            params["sendInitialEvents"] = "true"
+            params["resourceVersionMatch"] = "NotOlderThan"
         # The server ends the watch after timeoutSeconds; longer silence means a dead link.
         timeout = httpx2.Timeout(10.0, read=seconds + 30.0)
         try:
@@ -420,6 +431,9 @@ class _Meta(msgspec.Struct, rename="camel"):
     resource_version: str | None = None
 
 
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the annotation of a streaming list's end
+
+
 class _Object(msgspec.Struct):
     """A Node or ConfigMap (the parts read) or, in ERROR events, a Status (code, message)."""
 
@@ -479,12 +493,15 @@ def _decode_event(line: bytes, project: Callable[[_Object], T]) -> WatchEvent[T]
     obj = event.object
     if event.type == "ERROR":
         raise _watch_failure(obj.code or 0, obj.message or "")
-    return WatchEvent(event.type, project(obj), obj.metadata.resource_version)
+    kind = event.type
+    if kind == "BOOKMARK" and (obj.metadata.annotations or {}).get(INITIAL_EVENTS_END) == "true":
+        kind = SYNCED
+    return WatchEvent(kind, project(obj), obj.metadata.resource_version)
 
 
 def _watch_failure(code: int, message: str) -> Exception:
     text = f"watch: HTTP {code}: {_one_line(message)}"
-    return WatchGone(text) if code == 410 else WatchBroken(text)
+    return WatchGone(text) if code == 410 else WatchBroken(text, code=code)
 
 
 def _status_message(body: bytes) -> str:

@@ -6,7 +6,10 @@ with the answers a real API server gives.
   (replays history after resourceVersion, then streams chunked JSON lines; BOOKMARK
   events only when allowWatchBookmarks=true; HTTP 410 for a version older than
   `expired_below`; ended cleanly after its timeoutSeconds, divided by `time_scale` for
-  an accelerated run; watches.py); a list of nodes by fieldSelector metadata.name, whose
+  an accelerated run; a streaming list (sendInitialEvents=true, which needs
+  allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan, else 422) ends its
+  initial events with a bookmark, or is refused as `watch_lists_refused` says;
+  watches.py); a list of nodes by fieldSelector metadata.name, whose
   resourceVersion is the server's current one, as a real list's is;
 - GET of configmaps in a namespace, by name, as such a list and as the same watch as nodes;
 - GET/POST/PUT of nodefeatures.nfd.k8s-sigs.io in a namespace (PUT checks
@@ -25,7 +28,8 @@ with the answers a real API server gives.
 The test side plays the cluster (put_node, delete_node, put_config_map,
 delete_config_map, put_pod, bookmark), restarts the server (restart: every connection
 cut, and a watch cache that starts at a new resourceVersion, so a watch from any older
-one is answered 410 Gone, as a restarted API server answers it), breaks
+one is answered 410 Gone, as a restarted API server answers it; optionally a watch cache
+still filling, whose watches are answered 429), breaks
 watches (expire_watches: an ERROR 410 event; drop_watches: the socket dies mid-stream;
 end_watches: a clean end, as on the server's timeout), injects failures (fail_next),
 answers with broken bodies (corrupt_next: bytes that are not JSON, or a body that says
@@ -59,7 +63,14 @@ from gpuslice.testing.apiserver.status import (
     status,
     write_refusal,
 )
-from gpuslice.testing.apiserver.watches import DROP, END, Watches
+from gpuslice.testing.apiserver.watches import (
+    DROP,
+    END,
+    REFUSED_WATCH_LIST,
+    STORAGE,
+    Watches,
+    list_problem,
+)
 
 NODES = "/api/v1/nodes"
 NAMESPACES = "/api/v1/namespaces/"
@@ -81,6 +92,17 @@ def _corrupt(how: str) -> tuple[bytes, str]:
     return _CORRUPT[how]
 
 
+# What refuses a streaming list, by code: a proxy, the WatchList feature gate off, storage.
+REFUSALS = {
+    400: ("BadRequest", "sendInitialEvents: unsupported query parameter"),
+    422: (
+        "Invalid",
+        'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: '
+        "sendInitialEvents is forbidden for watch unless the WatchList feature gate is "
+        "enabled",
+    ),
+    500: ("InternalError", REFUSED_WATCH_LIST),
+}
 WAIT_S = 5.0  # every awaited condition here is met in milliseconds when things work
 USER = "system:serviceaccount:gpu-operator:gpuslice"
 
@@ -117,6 +139,10 @@ class FakeApiServer:
         self.expired_below = 0
         self.time_scale = 1.0  # server seconds per real second (a watch's timeoutSeconds)
         self.nfd_installed = True
+        # Streaming lists: None served; STORAGE refused as over etcd 3.4; a code: answered
+        # with it (a feature gate off: 422; a proxy: 400, 500).
+        self.watch_lists_refused: int | str | None = None
+        self.warming: asyncio.Event | None = None  # watches answered 429 until it is set
         self.grants: list[Grant] | None = None if grants is None else list(grants)
         self.user = user
         self._failures: list[tuple[str, str, int]] = []
@@ -149,15 +175,21 @@ class FakeApiServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def restart(self, down: asyncio.Event | None = None) -> None:
+    async def restart(
+        self, down: asyncio.Event | None = None, warming: asyncio.Event | None = None
+    ) -> None:
         """An API server restart: every connection cut, nothing listening until `down` is
         set (at once without one), then listening on the same port with a watch cache that
         starts at a new resourceVersion (other writes moved it while the server was away):
-        a watch from an older version, such as an unchanged object's, is answered 410."""
+        a watch from an older version, such as an unchanged object's, is answered 410.
+        With `warming`, until it is set every watch is answered 429 "storage is
+        (re)initializing" with Retry-After 1 (reads are served), as a starting server's
+        watch cache answers while it fills."""
         port = int(self.url.rsplit(":", 1)[1])
         await self.close()
         if down is not None:
             await down.wait()
+        self.warming = warming
         self.reset_watch_cache()
         await self.start(port)
 
@@ -406,8 +438,10 @@ class FakeApiServer:
         body: Any,
         *,
         keep: bool = False,
+        headers: str = "",
     ) -> None:
-        await self._reply_raw(writer, req, json.dumps(body).encode(), code=code, keep=keep)
+        data = json.dumps(body).encode()
+        await self._reply_raw(writer, req, data, code=code, keep=keep, headers=headers)
 
     async def _reply_raw(
         self,
@@ -418,9 +452,10 @@ class FakeApiServer:
         *,
         code: int = 200,
         keep: bool = False,
+        headers: str = "",  # more header lines, each ending in CRLF
     ) -> None:
         req.code = code
-        coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
+        coding = f"Content-Encoding: {encoding}\r\n{headers}" if encoding else headers
         connection = "keep-alive" if keep else "close"
         writer.write(
             f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
@@ -538,11 +573,25 @@ class FakeApiServer:
     async def _watch(self, req: Request, writer: asyncio.StreamWriter) -> None:
         collection = _collection(req.path)
         assert collection is not None
+        if self.warming is not None and not self.warming.is_set():
+            busy = status(429, "TooManyRequests", "storage is (re)initializing")
+            return await self._reply(writer, req, 429, busy, headers="Retry-After: 1\r\n")
         since = req.query.get("resourceVersion")
-        if since and int(since) < self.expired_below:
+        listing = req.query.get("sendInitialEvents") == "true"
+        problem = list_problem(req.query)
+        if problem is None and listing and isinstance(self.watch_lists_refused, int):
+            code = self.watch_lists_refused
+            problem = status(code, *REFUSALS.get(code, REFUSALS[500]))
+        if problem is not None:
+            return await self._reply(writer, req, problem["code"], problem)
+        if since and not listing and int(since) < self.expired_below:
             gone = status(410, "Expired", "too old resource version")
             return await self._reply(writer, req, 410, gone)
         stream = self.watch_state.open(collection, req.query, self._current)
+        if listing and self.watch_lists_refused == STORAGE:
+            self.watch_state.refuse_list(stream)
+        elif listing:
+            self.watch_state.initial_end(stream, str(self.version))
         req.code = 200
         seconds = req.query.get("timeoutSeconds", "")
         timeout = int(seconds) / self.time_scale if seconds.isdigit() else None

@@ -4,7 +4,11 @@ Every object lives in a collection (its list path: /api/v1/nodes,
 /api/v1/namespaces/<ns>/configmaps, /apis/resource.k8s.io/v1/resourceslices); a watch
 follows the objects of one collection its fieldSelector matches (metadata.name for one
 object; spec.nodeName and spec.driver for ResourceSlices). A watch from a resourceVersion
-replays the history after it; one without starts with the matching objects as ADDED.
+replays the history after it; one without starts with the matching objects as ADDED. A
+streaming list (sendInitialEvents=true) adds, after those, the BOOKMARK that marks the end
+of the initial events (annotation INITIAL_EVENTS_END) at the current version; a server whose
+storage cannot serve one (etcd 3.4: no RequestWatchProgress) answers it with 200, one ERROR
+event (500 InternalError, REFUSED_WATCH_LIST) and the end, as the real watch cache does.
 Each event is one JSON line of a chunked response.
 """
 
@@ -20,11 +24,37 @@ from gpuslice.testing.apiserver.status import status
 
 END = "end"  # a clean end of the response, as on the server's timeout
 DROP = "drop"  # the connection dies mid-stream
+STORAGE = "storage"  # a streaming list refused by the storage (etcd 3.4): see refuse_list
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+REFUSED_WATCH_LIST = (
+    "a watch stream was requested by the client but the required storage feature "
+    "RequestWatchProgress is disabled"
+)
 
 
 def selector(text: str) -> dict[str, str]:
     """fieldSelector "a=b,c=d" as {a: b, c: d}."""
     return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+
+
+def list_problem(query: dict[str, str]) -> dict[str, Any] | None:
+    """422 for a watch whose streaming-list options do not go together (validation's
+    rules: sendInitialEvents needs bookmarks and resourceVersionMatch NotOlderThan, and
+    resourceVersionMatch needs sendInitialEvents), else None."""
+    if query.get("sendInitialEvents") == "true":
+        if query.get("allowWatchBookmarks") != "true":
+            problem = "allowWatchBookmarks: Required value: sendInitialEvents needs bookmarks"
+        elif query.get("resourceVersionMatch") != "NotOlderThan":
+            problem = ("resourceVersionMatch: Forbidden: sendInitialEvents requires setting "
+                       "resourceVersionMatch to NotOlderThan")  # fmt: skip
+        else:
+            return None
+    elif "resourceVersionMatch" in query:
+        problem = ("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for "
+                   "watch unless sendInitialEvents is provided")  # fmt: skip
+    else:
+        return None
+    return status(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {problem}')
 
 
 def matches(obj: dict[str, Any], wanted: dict[str, str]) -> bool:
@@ -74,6 +104,19 @@ class Watches:
             stream.send(event)
             stream.queue.put_nowait(END)
 
+    def initial_end(self, stream: Stream, version: str) -> None:
+        """The BOOKMARK closing a streaming list's initial events."""
+        meta = {"resourceVersion": version, "annotations": {INITIAL_EVENTS_END: "true"}}
+        stream.send({"type": "BOOKMARK", "object": {"metadata": meta}})
+
+    @staticmethod
+    def refuse_list(stream: Stream) -> None:
+        """What a watch cache without RequestWatchProgress answers a streaming list."""
+        refused = status(500, "InternalError", REFUSED_WATCH_LIST)
+        stream.queue = asyncio.Queue()  # not the initial events: the error alone
+        stream.send({"type": "ERROR", "object": refused})
+        stream.queue.put_nowait(END)
+
     def cut(self, how: str) -> None:
         for stream in self.streams:
             stream.queue.put_nowait(how)
@@ -89,7 +132,7 @@ class Watches:
         wanted = selector(query.get("fieldSelector", ""))
         stream = Stream(collection, wanted, query.get("allowWatchBookmarks") == "true")
         since = query.get("resourceVersion")
-        if since:
+        if since and query.get("sendInitialEvents") != "true":
             for version, where, kind, obj in self.history:
                 if version > int(since) and where == collection and matches(obj, wanted):
                     stream.send({"type": kind, "object": obj})
