@@ -13,7 +13,7 @@ From gpuslice itself:
   types and allowed values from FLAGS, the simulated hardware profiles and the CLI's
   log options; Kubernetes-typed values (affinity, tolerations, resources, ...) from
   kubernetes-validate's schema of the oldest Kubernetes the chart supports;
-  the memory-budget policies from FLAGS, budget sizes from gpuslice.core.watchdog;
+  the memory-budget policies from FLAGS, budget sizes from gpuslice.core.quantity;
 - deploy/helm/gpuslice/Chart.yaml: version and appVersion from pyproject.toml;
 - deploy/manifests/gpuslice.yaml: the chart rendered with its default values by Helm's
   engine (helm-python-sdk), behind a Namespace; deploy/manifests/kustomization.yaml: those
@@ -316,7 +316,7 @@ def values_schema() -> dict[str, Any]:
     from gpuslice.adapters.fake.profiles import profile_names
     from gpuslice.cli import main as cli
     from gpuslice.config.flags import FLAGS_BY_NAME
-    from gpuslice.core.watchdog import _SIZE
+    from gpuslice.core.quantity import PATTERN as SIZE
     from gpuslice.services.config_source import DEFAULT_ANNOTATION
 
     run = cli.commands["run"]  # type: ignore[attr-defined]
@@ -523,7 +523,7 @@ def values_schema() -> dict[str, Any]:
                 "budgets": {
                     "type": "object",
                     "patternProperties": {
-                        resource_name: {"type": "string", "pattern": f"^{_SIZE.pattern}$"}
+                        resource_name: {"type": "string", "pattern": f"^{SIZE}$"}
                     },
                     "additionalProperties": False,
                     "description": "GPUSLICE_MEMORY_BUDGET: resource -> per-replica size (10Gi)",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-_QUANTITY = re.compile(r"([0-9]{1,18})(?:\.([0-9]{1,9}))?\s*(Ki|Mi|Gi|Ti|Pi|Ei|[kKMGTPE])?")
+# Also the chart's values schema pattern for sizes (tools/gen_chart.py).
+PATTERN = r"([0-9]{1,18})(?:\.([0-9]{1,9}))?\s*(Ki|Mi|Gi|Ti|Pi|Ei|[kKMGTPE])?"
+_QUANTITY = re.compile(PATTERN)
 _UNITS: dict[str, int] = {"": 1, "k": 10**3, **{u: 1000 ** (i + 1) for i, u in enumerate("KMGTPE")}}
 _UNITS.update({f"{u}i": 1024 ** (i + 1) for i, u in enumerate("KMGTPE")})
 MAX_TEXT = 64  # a quantity is a few characters; a longer text is no size
