@@ -34,13 +34,6 @@ async def server() -> AsyncIterator[FakeApiServer]:
     await srv.close()
 
 
-@pytest.fixture
-async def api(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubeNodeApi]:
-    client = fake_client(server.url, tmp_path)
-    yield KubeNodeApi(client, backoff_s=FAST_BACKOFF)
-    await client.close()
-
-
 def writes(server: FakeApiServer) -> int:
     return len(server.of("POST", "nodefeatures")) + len(server.of("PUT", "nodefeatures"))
 

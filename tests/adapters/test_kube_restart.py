@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2
-import pytest
 from kube_fakes import FAST_BACKOFF, NODES, FakeApiServer, Follower, Following, fake_client
 
 from gpuslice.adapters.kube import KubeNodeApi
@@ -24,20 +22,6 @@ from gpuslice.adapters.kube.watch import PROBE_CAP_S, Retry
 NS = "gpu-operator"
 CM = "gpuslice-configs"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
-
-
-@pytest.fixture
-async def http(server: FakeApiServer) -> AsyncIterator[httpx2.AsyncClient]:
-    """Plain HTTP to the stand-in, past the agent's session."""
-    async with httpx2.AsyncClient(base_url=server.url, trust_env=False) as client:
-        yield client
-
-
-@pytest.fixture
-async def api(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubeNodeApi]:
-    client = fake_client(server.url, tmp_path)
-    yield KubeNodeApi(client, backoff_s=FAST_BACKOFF)
-    await client.close()
 
 
 def answered_410(server: FakeApiServer, path: str) -> int:

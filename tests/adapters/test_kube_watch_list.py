@@ -11,12 +11,10 @@ for good, instead of retrying the refused request with re-reads in between.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx2
 import pytest
-from kube_fakes import FAST_BACKOFF, NODES, FakeApiServer, Follower, Following, fake_client
+from kube_fakes import NODES, FakeApiServer, Follower, Following
 
 from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.testing.apiserver.watches import INITIAL_EVENTS_END, REFUSED_WATCH_LIST, STORAGE
@@ -26,19 +24,6 @@ CM = "gpuslice-configs"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
 LISTING = {"watch": "true", "fieldSelector": "metadata.name=n1", "sendInitialEvents": "true",
            "allowWatchBookmarks": "true", "resourceVersionMatch": "NotOlderThan"}  # fmt: skip
-
-
-@pytest.fixture
-async def http(server: FakeApiServer) -> AsyncIterator[httpx2.AsyncClient]:
-    async with httpx2.AsyncClient(base_url=server.url, trust_env=False) as client:
-        yield client
-
-
-@pytest.fixture
-async def api(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubeNodeApi]:
-    client = fake_client(server.url, tmp_path)
-    yield KubeNodeApi(client, backoff_s=FAST_BACKOFF)
-    await client.close()
 
 
 def streamed(server: FakeApiServer, path: str) -> list[int | None]:

@@ -98,6 +98,21 @@ async def test_a_claim_of_a_whole_unshared_gpu_carries_no_limit(root: str, tmp_p
         assert shares.by_pod() == {"pod-a": {}}
 
 
+def isolation_flags(plugin_dir: str, api: FakeApiServer, tree: CgroupTree) -> dict[str, str]:
+    """DRA with memory isolation on node-a, its cgroup tree rooted for the T4's dmem."""
+    tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
+    return {
+        "dra": "true",
+        "node-name": "node-a",
+        "kubeconfig": str(write_kubeconfig(Path(plugin_dir), api.url)),
+        "dra-plugins-dir": os.path.join(plugin_dir, "plugins"),
+        "dra-registry-dir": os.path.join(plugin_dir, "registry"),
+        "labels": "false",
+        "memory-isolation": "true",
+        "cgroup-root": str(tree.root),
+    }
+
+
 async def test_the_agent_limits_a_dra_pods_cgroup_from_its_claim(
     launcher: AgentLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,17 +123,7 @@ async def test_the_agent_limits_a_dra_pods_cgroup_from_its_claim(
     tree = CgroupTree(tmp_path / "cgroup")
     plugin_dir = launcher.plugin_dir
     async with FakeApiServer() as api:
-        flags = {
-            "dra": "true",
-            "node-name": "node-a",
-            "kubeconfig": str(write_kubeconfig(Path(plugin_dir), api.url)),
-            "dra-plugins-dir": os.path.join(plugin_dir, "plugins"),
-            "dra-registry-dir": os.path.join(plugin_dir, "registry"),
-            "labels": "false",
-            "memory-isolation": "true",
-            "cgroup-root": str(tree.root),
-        }
-        tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
+        flags = isolation_flags(plugin_dir, api, tree)
         node = r615_node("t4", tmp_path / "node.yaml")
         running = await launcher.start(node, config=config, flags=flags, wait_ready=False)
         dra = DraKubeletStandin(flags["dra-registry-dir"], launcher.cdi_spec_dir)
@@ -264,17 +269,7 @@ async def test_a_restarted_agent_keeps_the_limits_of_its_dra_pods(
         return dataclasses.replace(deps, open_backend=open_backend)
 
     async with FakeApiServer() as api:
-        flags = {
-            "dra": "true",
-            "node-name": "node-a",
-            "kubeconfig": str(write_kubeconfig(Path(plugin_dir), api.url)),
-            "dra-plugins-dir": os.path.join(plugin_dir, "plugins"),
-            "dra-registry-dir": os.path.join(plugin_dir, "registry"),
-            "labels": "false",
-            "memory-isolation": "true",
-            "cgroup-root": str(tree.root),
-        }
-        tree.make_root(g.pci_bus_id for g in FakeBackend.from_spec("t4").snapshot().gpus)
+        flags = isolation_flags(plugin_dir, api, tree)
         node = r615_node("t4", tmp_path / "node.yaml")
         first = await launcher.start(node, config=config, flags=flags, change=same_driver)
         dra = DraKubeletStandin(flags["dra-registry-dir"], launcher.cdi_spec_dir)
