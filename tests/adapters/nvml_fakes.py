@@ -196,7 +196,11 @@ class FakeNvml:
 
     def nvmlDeviceGetPciInfo(self, dev: Dev) -> SimpleNamespace:
         self._fault("nvmlDeviceGetPciInfo", dev.gpu.index)
-        return SimpleNamespace(busId=dev.gpu.pci_bus_id.encode())
+        return SimpleNamespace(
+            busId=dev.gpu.pci_bus_id.encode(),
+            pciDeviceId=dev.gpu.pci_device_id,
+            pciSubSystemId=dev.gpu.pci_subsystem_id,
+        )
 
     def nvmlDeviceGetBrand(self, dev: Dev) -> int:
         return _BRANDS[dev.gpu.brand]
