@@ -68,17 +68,18 @@ class NvmlMig:
 
     def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
         nv, handle = self._nv, self._handle(gpu_uuid)
-        devices = self._mig_devices(handle)  # (gi, ci) -> MIG UUID
-        names = {int(info.id): _name(info) for info in self._infos(handle)}
+        devices = self._mig_devices(handle)  # (gi, ci) -> (MIG UUID, compute slices)
+        names = {int(info.id): (_name(info), int(info.sliceCount)) for info in self._infos(handle)}
         found = []
-        for profile_id, name in names.items():
+        for profile_id, (name, slices) in names.items():
             for gi in self._gpu_instances(handle, profile_id):
                 info = _call("read a GPU instance", nv.nvmlGpuInstanceGetInfo, gi)
                 placement = Placement(int(info.placement.start), int(info.placement.size))
                 gi_id = int(info.id)
-                mine = sorted((c, u) for (g, c), u in devices.items() if g == gi_id)
-                for ci, uuid in mine or [(-1, "")]:
-                    found.append(GpuInstance(name, placement, gi_id, ci, uuid))
+                mine = sorted((c, d) for (g, c), d in devices.items() if g == gi_id)
+                for ci, (uuid, compute) in mine or [(-1, ("", slices))]:
+                    profile = name if compute >= slices else f"{compute}c.{name}"
+                    found.append(GpuInstance(profile, placement, gi_id, ci, uuid))
         return tuple(sorted(found, key=lambda i: (i.placement, i.ci)))
 
     def mig_mode(self, gpu_uuid: str) -> tuple[bool, bool]:
@@ -203,13 +204,14 @@ class NvmlMig:
             self._nv.nvmlDeviceGetGpuInstances, handle, profile_id, self._nv.c_nvmlGpuInstance_t
         )
 
-    def _mig_devices(self, handle: Any) -> dict[tuple[int, int], str]:
+    def _mig_devices(self, handle: Any) -> dict[tuple[int, int], tuple[str, int]]:
         nv, found = self._nv, {}
         for slot in range(_call("count MIG devices", nv.nvmlDeviceGetMaxMigDeviceCount, handle)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
                 gi, ci = nv.nvmlDeviceGetGpuInstanceId(mig), nv.nvmlDeviceGetComputeInstanceId(mig)
-                found[(int(gi), int(ci))] = text(nv.nvmlDeviceGetUUID(mig))
+                compute = int(nv.nvmlDeviceGetAttributes(mig).computeInstanceSliceCount)
+                found[(int(gi), int(ci))] = (text(nv.nvmlDeviceGetUUID(mig)), compute)
             except pynvml.NVMLError_NotFound:
                 continue
             except pynvml.NVMLError as exc:
