@@ -130,11 +130,11 @@ def test_a_name_absent_from_the_file_is_refused_naming_a_close_one() -> None:
 def test_the_file_is_read_bounded_and_only_when_regular(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
     big.write_text("version: v1\n" + "#" * MAX_BYTES)
-    with pytest.raises(ConfigError, match=f"big.yaml: larger than {MAX_BYTES} bytes"):
+    with pytest.raises(ConfigError, match=rf"big\.yaml: larger than {MAX_BYTES} bytes"):
         load_mig_parted_file(big)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # nothing writes it: a blocking read would never return
     with pytest.raises(ConfigError, match="fifo: not a regular file"):
         load_mig_parted_file(fifo)
-    with pytest.raises(ConfigError, match="absent.yaml: cannot read"):
+    with pytest.raises(ConfigError, match=r"absent\.yaml: cannot read"):
         load_mig_parted_file(tmp_path / "absent.yaml")
