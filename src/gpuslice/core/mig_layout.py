@@ -149,12 +149,17 @@ def _steps(
     resets = mode_change_resets(gpu.architecture)
     if not wanted.mig_enabled:
         return (*_destroys(now), SetMode(False, resets)) if gpu.mig_enabled else ()
-    whole = all(i.ci >= 0 for i in now)  # no GPU instance left without its compute instance
-    if gpu.mig_enabled and whole and sorted(i.profile for i in now) == list(wanted.devices):
+    # One compute instance per GPU instance, as this planner makes them, and none missing.
+    single = len({i.gi for i in now}) == len(now) and all(i.ci >= 0 for i in now)
+    if gpu.mig_enabled and single and sorted(i.profile for i in now) == list(wanted.devices):
         return ()
     kept = _kept(now, wanted) if gpu.mig_enabled else []
     missing = Counter(wanted.devices) - Counter(i.profile for i in kept)
-    todo = [(n, s) for n, s in pairs if missing[n] > 0 and _count_down(missing, n)]
+    todo = []
+    for name, spec in pairs:
+        if missing[name] > 0:
+            missing[name] -= 1
+            todo.append((name, spec))
     placed = place([s for _, s in todo], [i.placement for i in kept])
     if placed is None:  # what is kept is in the way: start again from an empty GPU
         kept, todo, placed = [], pairs, place([s for _, s in pairs])
@@ -164,24 +169,23 @@ def _steps(
     return (*_destroys(gone), *mode, *_creates(placed, [n for n, _ in todo]))
 
 
-def _count_down(counts: Counter[str], name: str) -> bool:
-    counts[name] -= 1
-    return True
-
-
 def _kept(now: list[GpuInstance], wanted: Wanted) -> list[GpuInstance]:
-    """The instances the wanted layout can keep where they are, lowest placement first."""
+    """The instances the wanted layout can keep where they are, lowest placement first;
+    a GPU instance is kept whole or not at all."""
     left = Counter(wanted.devices)
     kept = []
     for instance in now:
         if instance.ci >= 0 and left[instance.profile] > 0:
             left[instance.profile] -= 1
             kept.append(instance)
-    return kept
+    gone = {i.gi for i in now if i not in kept}
+    return [i for i in kept if i.gi not in gone]
 
 
 def _destroys(instances: Sequence[GpuInstance]) -> list[Step]:
-    return [Destroy(i.gi, i.profile, i.placement) for i in instances]
+    """One Destroy per GPU instance (it takes its compute instances with it)."""
+    first = {i.gi: i for i in reversed(instances)}
+    return [Destroy(i.gi, i.profile, i.placement) for i in instances if first[i.gi] is i]
 
 
 def _creates(

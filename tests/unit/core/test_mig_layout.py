@@ -184,3 +184,12 @@ def test_a_layout_that_cannot_be_made_refuses_the_config_in_one_line(
     # The first GPU that cannot take it is named; no plan is made for any.
     assert str(caught.value).startswith("GPU 1 (NVIDIA A100-SXM4-40GB): " + message)
     assert "\n" not in str(caught.value)
+
+
+def test_a_gpu_instance_with_several_compute_instances_is_destroyed_once_and_whole() -> None:
+    shared = [GpuInstance("1c.3g.20gb", Placement(4, 4), 2, ci, f"MIG-{ci}") for ci in range(2)]
+    plan = plan_one([enabled(("1c.3g.20gb", 1))], node(gpu(0, mig=True), *shared))
+    assert plan.steps == (
+        Destroy(2, "1c.3g.20gb", Placement(4, 4)),
+        Create("1c.3g.20gb", Placement(0, 4)),
+    )

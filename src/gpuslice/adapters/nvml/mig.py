@@ -103,9 +103,13 @@ class NvmlMig:
         info = next((i for i in self._infos(handle) if _name(i) == base), None)
         if info is None or compute not in CI_PROFILES:
             raise MigError("INVALID_ARGUMENT", f"{what}: the GPU has no such profile")
-        size = max(p.size for p in self._placements(handle, int(info.id)))
-        placement = nv.c_nvmlGpuInstancePlacement_t(start, size)
-        gi = _call(what, nv.nvmlDeviceCreateGpuInstanceWithPlacement, handle, info.id, placement)
+        options = self._placements(handle, int(info.id))
+        chosen = next((p for p in options if p.start == start), None)
+        if chosen is None:
+            raise MigError("INVALID_ARGUMENT", f"{what}: not a placement of {base}")
+        placement = nv.c_nvmlGpuInstancePlacement_t(chosen.start, chosen.size)
+        create = nv.nvmlDeviceCreateGpuInstanceWithPlacement  # the C call takes a pointer
+        gi = _call(what, create, handle, info.id, ctypes.byref(placement))
         try:
             shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
             ci_info = _call(
@@ -123,7 +127,7 @@ class NvmlMig:
             with contextlib.suppress(MigError):  # leave no GPU instance without its CI
                 self._destroy(gi, what)
             raise
-        return GpuInstance(profile, Placement(start, size), gi_id, int(ci_read.id), uuid)
+        return GpuInstance(profile, chosen, gi_id, int(ci_read.id), uuid)
 
     def destroy(self, gpu_uuid: str, gi: int) -> None:
         what = f"GPU {gpu_uuid}: destroy GPU instance {gi}"
