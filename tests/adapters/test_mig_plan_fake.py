@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.fake.models import MODELS
 from gpuslice.adapters.fake.nodefile import parse_node
+from gpuslice.config.mig_parted import load_mig_parted_file
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.mig import MEMORY_SLICES, MigConfigEntry, MigError, MigProfileSpec, Placement
-from gpuslice.core.mig_layout import Create, Destroy, MigGpu, SetMode, plan_layout
+from gpuslice.core.mig_layout import Create, Destroy, MigGpu, SetMode, Step, plan_layout
 from gpuslice.core.ports import MigControl
 
 MIG_MODELS = sorted(k for k, m in MODELS.items() if m.mig_table)
@@ -40,6 +43,17 @@ def control(backend: FakeBackend) -> MigControl:
     found = backend.mig_control()
     assert found is not None
     return found
+
+
+def run(mig: MigControl, uuid: str, steps: Sequence[Step]) -> None:
+    """A plan's steps, in order, as the reconciler will run them."""
+    for step in steps:
+        if isinstance(step, Destroy):
+            mig.destroy(uuid, step.gi)
+        elif isinstance(step, SetMode):
+            mig.set_mig_mode(uuid, step.enabled)
+        else:
+            mig.create(uuid, step.profile, step.placement.start)
 
 
 def planned(backend: FakeBackend, uuid: str) -> MigGpu:
@@ -76,13 +90,7 @@ def test_a_plan_run_on_the_simulated_gpu_makes_exactly_the_wanted_layout(
     assert not any(a.overlaps(b) for i, a in enumerate(final) for b in final[i + 1 :])
 
     mig = control(backend)
-    for step in plan.steps:
-        if isinstance(step, Destroy):
-            mig.destroy(uuid, step.gi)
-        elif isinstance(step, SetMode):
-            mig.set_mig_mode(uuid, step.enabled)
-        else:
-            mig.create(uuid, step.profile, step.placement.start)
+    run(mig, uuid, plan.steps)
     assert mig.mig_mode(uuid) == (enable, enable)
     assert sorted(i.profile for i in mig.instances(uuid)) == (wanted if enable else [])
     gpu = backend.snapshot().gpus[0]
@@ -122,3 +130,23 @@ def _fits_somewhere(table: Sequence[MigProfileSpec], rows: list[int]) -> bool:
         )
 
     return search(0, [])
+
+
+DEFAULTS = Path(__file__).parents[1] / "unit/config/mig_parted/default-mig-parted-config.yaml"
+
+
+@pytest.mark.parametrize("model", MIG_MODELS)
+def test_every_default_layout_is_made_on_each_simulated_model_it_names(model: str) -> None:
+    config = load_mig_parted_file(DEFAULTS)
+    made = set()
+    for name in config.configs:
+        backend, uuid = simulated(model, False, [])
+        (plan,) = plan_layout(config.entries(name), [planned(backend, uuid)])
+        if plan.wanted is None:
+            continue  # its device filters name other parts
+        run(control(backend), uuid, plan.steps)
+        wanted = list(plan.wanted.devices)
+        assert sorted(i.profile for i in control(backend).instances(uuid)) == wanted, name
+        made.add(name)
+    assert {"all-disabled", "all-enabled", "all-balanced"} <= made
+    assert len(made) >= 6  # and the all-<profile> layouts of its part
