@@ -8,7 +8,9 @@ inject XID/ECC events, lost GPUs and per-GPU call failures. `host_tree` writes t
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +19,7 @@ import pynvml
 
 from gpuslice.adapters.nvml import NvmlBackend
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
+from gpuslice.core.mig import GpuInstance, MigProfileSpec, split_profile
 
 MIB = 1024 * 1024
 NO_INSTANCE = 0xFFFFFFFF
@@ -50,7 +53,13 @@ class FakeNvml:
     """`switch_links`: serve every NVLink as going to an NVSwitch, that many per
     GPU (how DGX systems look); otherwise peers are served as direct links.
     `faults`: (NVML function name, GPU index) -> the NVML error code that call
-    raises for that GPU (and its MIG devices) while the entry is there."""
+    raises for that GPU (and its MIG devices) while the entry is there.
+    `mig_profiles`: the GPU-instance profiles every MIG-capable GPU reports (with their
+    placements), and `mig_instances` each GPU's instances (GPU UUID -> instances), for
+    the MIG control's reads."""
+
+    c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t  # noqa: N815 - pynvml's
+    c_nvmlGpuInstance_t = ctypes.py_object  # noqa: N815 - the handles: GpuInstance values
 
     def __init__(
         self,
@@ -61,6 +70,8 @@ class FakeNvml:
         name_gi_profiles: bool = True,
         register_errors: dict[int, int] | None = None,
         faults: dict[tuple[str, int], int] | None = None,
+        mig_profiles: tuple[MigProfileSpec, ...] = (),
+        mig_instances: Mapping[str, tuple[GpuInstance, ...]] | None = None,
     ) -> None:
         self.snap = snapshot
         self.switch_links = switch_links
@@ -72,6 +83,10 @@ class FakeNvml:
         self.migs = {m.uuid: Dev(g, m) for g in snapshot.gpus for m in g.mig_devices}
         profiles = sorted({_gi_profile(m) for g in snapshot.gpus for m in g.mig_devices})
         self.gi_profiles = {name: 100 + i for i, name in enumerate(profiles)}
+        self.mig_profiles = mig_profiles
+        self.mig_instances = mig_instances or {}
+        if mig_profiles:
+            self.gi_profiles = {p.name: p.gi_profile_id for p in mig_profiles}
         self.lost: set[str] = set()
         self.inits = self.shutdowns = 0
         self.event_sets: list[EventSet] = []
@@ -196,7 +211,11 @@ class FakeNvml:
 
     def nvmlDeviceGetPciInfo(self, dev: Dev) -> SimpleNamespace:
         self._fault("nvmlDeviceGetPciInfo", dev.gpu.index)
-        return SimpleNamespace(busId=dev.gpu.pci_bus_id.encode())
+        return SimpleNamespace(
+            busId=dev.gpu.pci_bus_id.encode(),
+            pciDeviceId=dev.gpu.pci_device_id,
+            pciSubSystemId=dev.gpu.pci_subsystem_id,
+        )
 
     def nvmlDeviceGetBrand(self, dev: Dev) -> int:
         return _BRANDS[dev.gpu.brand]
@@ -288,18 +307,80 @@ class FakeNvml:
         return dev.mig.ci
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, dev: Dev, index: int) -> SimpleNamespace:
+        if not dev.gpu.mig_capable:
+            raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if self.mig_profiles:
+            if index >= len(self.mig_profiles):
+                raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            p = self.mig_profiles[index]
+            return SimpleNamespace(
+                id=p.gi_profile_id,
+                name=f"MIG {p.name}".encode(),
+                sliceCount=p.slices,
+                instanceCount=p.instance_count,
+                multiprocessorCount=p.multiprocessors,
+                memorySizeMB=p.memory_mib,
+                copyEngineCount=p.engines.copy,
+                decoderCount=p.engines.decoder,
+                encoderCount=p.engines.encoder,
+                jpegCount=p.engines.jpeg,
+                ofaCount=p.engines.ofa,
+            )
         for name, profile_id in self.gi_profiles.items():
             if profile_id - 100 == index:
                 return SimpleNamespace(id=profile_id, name=f"MIG {name}".encode())
         raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _profile(self, profile_id: int) -> MigProfileSpec:
+        found = next((p for p in self.mig_profiles if p.gi_profile_id == profile_id), None)
+        if found is None:
+            raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return found
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self,
+        dev: Dev,
+        profile_id: int,
+        out: ctypes.Array,
+        count: object,  # type: ignore[type-arg]
+    ) -> int:
+        """As the C call: fills `out` and sets the count it is given by reference."""
+        self._fault("nvmlDeviceGetGpuInstancePossiblePlacements", dev.gpu.index)
+        placements = self._profile(profile_id).placements
+        for i, p in enumerate(placements):
+            out[i] = pynvml.c_nvmlGpuInstancePlacement_t(p.start, p.size)
+        count._obj.value = len(placements)  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstances(
+        self,
+        dev: Dev,
+        profile_id: int,
+        out: ctypes.Array,
+        count: object,  # type: ignore[type-arg]
+    ) -> int:
+        name = self._profile(profile_id).name
+        held = [i for i in self.mig_instances.get(dev.gpu.uuid, ()) if i.profile.endswith(name)]
+        by_gi = {i.gi: i for i in held}  # one handle per GPU instance
+        for n, instance in enumerate(by_gi.values()):
+            out[n] = instance
+        count._obj.value = len(by_gi)  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetGpuInstanceById(self, dev: Dev, gi: int) -> MigDevice:
         if not self.name_gi_profiles:
             raise fail(pynvml.NVML_ERROR_NO_PERMISSION)
         return next(m for m in dev.gpu.mig_devices if m.gi == gi)
 
-    def nvmlGpuInstanceGetInfo(self, instance: MigDevice) -> SimpleNamespace:
-        return SimpleNamespace(profileId=self.gi_profiles[_gi_profile(instance)])
+    def nvmlGpuInstanceGetInfo(self, instance: MigDevice | GpuInstance) -> SimpleNamespace:
+        if isinstance(instance, MigDevice):
+            return SimpleNamespace(profileId=self.gi_profiles[_gi_profile(instance)])
+        start, size = instance.placement.start, instance.placement.size
+        return SimpleNamespace(
+            id=instance.gi,
+            profileId=self.gi_profiles[split_profile(instance.profile)[0]],
+            placement=SimpleNamespace(start=start, size=size),
+        )
 
     # --- NVLink ---------------------------------------------------------------
 

@@ -218,8 +218,8 @@ H100_MIG = "name: n\ngpus:\n  - model: h100-80gb\n    mig_enabled: true\n    mig
             'gpus[0].mig_devices[0].profile: expected "<g>g.<m>gb"',
         ),
         (
-            H100_MIG + "[{profile: 1g.10gb, gi: 1}]\n",
-            "gpus[0].mig_devices[0].memory_mib: missing (no built-in size for '1g.10gb'",
+            H100_MIG + "[{profile: 1g.12gb, gi: 1}]\n",
+            "gpus[0].mig_devices[0].memory_mib: missing (no built-in size for '1g.12gb'",
         ),
         (
             A100_MIG + "[{profile: 1g.5gb, gi: 7}, {profile: 1g.5gb, gi: 7}]\n",

@@ -43,7 +43,7 @@ class LoadedConfig:
 
 def load_config(text: str, *, source: str = "<config>", name: str | None = None) -> LoadedConfig:
     """A config from YAML/JSON text; `name` picks a ConfigMap entry (optional for one entry)."""
-    doc = _parse(text, source)
+    doc = parse_document(text, source)
     entries = _configmap_entries(doc, source)
     if entries is None:
         if name is not None:
@@ -55,7 +55,7 @@ def load_config(text: str, *, source: str = "<config>", name: str | None = None)
 
 def load_configmap(text: str, *, source: str = "<configmap>") -> dict[str, LoadedConfig]:
     """Every config of a ConfigMap manifest, by entry name."""
-    entries = _configmap_entries(_parse(text, source), source)
+    entries = _configmap_entries(parse_document(text, source), source)
     if entries is None:
         raise config_error(source, "kind", "missing; expected a ConfigMap manifest")
     return {key: _load_entry(entries, key, source) for key in entries}
@@ -64,11 +64,11 @@ def load_configmap(text: str, *, source: str = "<configmap>") -> dict[str, Loade
 def load_config_file(path: str | os.PathLike[str], *, name: str | None = None) -> LoadedConfig:
     """A config from a file (plain or ConfigMap manifest) or a mounted ConfigMap directory."""
     where = Path(path)
-    if os.path.isdir(where):  # False for a path the OS refuses (too long): _read says why
+    if os.path.isdir(where):  # False for a path the OS refuses: read_config_text says why
         files = config_dir_entries(where)
         chosen = select_config_name(files, name, source=str(where))
         return replace(load_config_file(files[chosen]), name=chosen)
-    return load_config(_read(where), source=str(where), name=name)
+    return load_config(read_config_text(where), source=str(where), name=name)
 
 
 def config_dir_entries(path: str | os.PathLike[str]) -> dict[str, Path]:
@@ -107,7 +107,8 @@ def select_config_name(available: Iterable[str], wanted: str | None, *, source: 
         raise config_error(source, "", str(exc)) from None
 
 
-def _read(path: Path) -> str:
+def read_config_text(path: Path) -> str:
+    """A config file's text: a regular file of at most MAX_BYTES, UTF-8; ConfigError."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
@@ -136,7 +137,9 @@ def _is_dev_null(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
 
 
-def _parse(text: str, source: str) -> object:
+def parse_document(text: str, source: str) -> object:
+    """YAML or JSON text as plain data (bounded: config.yaml_text); ConfigError naming
+    the line and column of a syntax error."""
     if len(text) > MAX_BYTES:
         raise config_error(source, "", f"larger than {MAX_BYTES} bytes; not a config")
     if text.lstrip(" \t\r\n\ufeff")[:1] in ("{", "["):
@@ -184,7 +187,7 @@ def _configmap_entries(doc: object, source: str) -> dict[str, str] | None:
 
 def _load_entry(entries: dict[str, str], key: str, source: str) -> LoadedConfig:
     where = f"{source}[{key}]"
-    return _build(_parse(entries[key], where), where, key)
+    return _build(parse_document(entries[key], where), where, key)
 
 
 def _build(doc: object, source: str, name: str | None) -> LoadedConfig:
@@ -213,8 +216,8 @@ def load_each(
         if not files:
             raise config_error(str(where), "", _NO_FILES)
         return [r for n, f in files.items() for r in _each_dir_file(n, f)]
-    text = _read(where)
-    entries = _configmap_entries(_parse(text, str(where)), str(where))
+    text = read_config_text(where)
+    entries = _configmap_entries(parse_document(text, str(where)), str(where))
     if entries is None:
         return [_attempt(partial(load_config, text, source=str(where)))]
     return [_attempt(partial(_load_entry, entries, key, str(where))) for key in entries]

@@ -59,6 +59,10 @@ class Gpu:
     # PCI class code as sysfs shows it: 0x030200 (3D controller) for a GPU in compute
     # mode, 0x030000 (VGA) for one that drives displays.
     pci_class: int = 0x030200
+    # PCI IDs as NVML gives them (device << 16 | vendor: 0x20B010DE), what a mig-parted
+    # device-filter names; 0 where unknown.
+    pci_device_id: int = 0
+    pci_subsystem_id: int = 0
     multiprocessors: int = 0
     mig_capable: bool = False
     mig_enabled: bool = False

@@ -64,6 +64,9 @@ class ScriptedBackend:
             self.probed.append(gpu_uuid)
             return self._answers.get(gpu_uuid, True)
 
+    def mig_control(self) -> None:
+        return None
+
     def close(self) -> None:
         self.closed.set()
 

@@ -11,11 +11,13 @@ from collections.abc import Collection
 import structlog
 
 from gpuslice.adapters.fake.events import EventFile, parse_event
+from gpuslice.adapters.fake.mig import MigFault, MigState
 from gpuslice.adapters.fake.processes import ProcessTable
 from gpuslice.adapters.fake.profiles import load_spec
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import UNLIMITED, Limit, LimitReading, driver_problem
+from gpuslice.core.mig import GpuInstance, MigProfileSpec
 from gpuslice.core.usage import ProcessOwner, ProcessSample
 
 _log = structlog.get_logger()
@@ -29,7 +31,8 @@ class FakeBackend:
     A GPU is lost (probe False) after {"lost": true} or XID 79 until a
     {"recovered": true} line. A lost GPU stays in the snapshot. Processes are the
     node file's, changed by "process" and "process_exit" lines; their pods come from
-    those lines too (`owners`), as the simulated pids are not real. Malformed event
+    those lines too (`owners`), as the simulated pids are not real. MIG layouts change
+    through the MigControl calls (fake.mig), and the snapshot shows them. Malformed event
     lines are skipped, logged as warnings and kept in `warnings`.
     """
 
@@ -50,8 +53,9 @@ class FakeBackend:
         self._refused: list[str] = []  # allocations refused past a hard limit, oldest first
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        parents = {m.uuid: g.uuid for g in snapshot.gpus for m in g.mig_devices}
-        self._parent = parents | {g.uuid: g.uuid for g in snapshot.gpus}
+        self._mig = MigState(snapshot, self._processes.running_on)
+        self._parent: dict[str, str] = {}
+        self._relayout()
 
     @classmethod
     def from_spec(cls, spec: str, events_path: str | None = None) -> FakeBackend:
@@ -65,7 +69,8 @@ class FakeBackend:
             return tuple(self._warnings)
 
     def snapshot(self) -> HardwareSnapshot:
-        return self._snapshot
+        with self._lock:
+            return self._snapshot
 
     def wait_event(self, timeout_s: float) -> HealthEvent | None:
         deadline = time.monotonic() + max(timeout_s, 0.0)
@@ -151,6 +156,57 @@ class FakeBackend:
         if problem:
             raise BackendError(f"memory limits on GPU {gpu.index}: {problem}")
 
+    # The MigControl port: MIG mode and instances (fake.mig).
+
+    def mig_control(self) -> FakeBackend:
+        return self
+
+    def profiles(self, gpu_uuid: str) -> tuple[MigProfileSpec, ...]:
+        with self._lock:
+            self._ingest()
+            return self._mig.profiles(gpu_uuid)
+
+    def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
+        with self._lock:
+            self._ingest()
+            return self._mig.instances(gpu_uuid)
+
+    def mig_mode(self, gpu_uuid: str) -> tuple[bool, bool]:
+        with self._lock:
+            self._ingest()
+            return self._mig.mig_mode(gpu_uuid)
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        with self._lock:
+            self._ingest()
+            try:
+                self._mig.set_mig_mode(gpu_uuid, enabled)
+            finally:
+                self._relayout()
+
+    def create(self, gpu_uuid: str, profile: str, start: int) -> GpuInstance:
+        with self._lock:
+            self._ingest()
+            try:
+                return self._mig.create(gpu_uuid, profile, start)
+            finally:
+                self._relayout()
+
+    def destroy(self, gpu_uuid: str, gi: int) -> None:
+        with self._lock:
+            self._ingest()
+            try:
+                self._mig.destroy(gpu_uuid, gi)
+            finally:
+                self._relayout()
+
+    def _relayout(self) -> None:
+        """The snapshot and the process table follow the MIG state (holding the lock)."""
+        self._snapshot = self._mig.snapshot
+        self._processes.relayout(self._snapshot)
+        parents = {m.uuid: g.uuid for g in self._snapshot.gpus for m in g.mig_devices}
+        self._parent = parents | {g.uuid: g.uuid for g in self._snapshot.gpus}
+
     def close(self) -> None:
         self._closed.set()
         with self._lock:
@@ -172,6 +228,9 @@ class FakeBackend:
                 )
                 continue
             if event is None:
+                continue
+            if isinstance(event, MigFault):
+                self._mig.inject(event)
                 continue
             if not isinstance(event, HealthEvent):
                 refused = self._processes.apply(event)

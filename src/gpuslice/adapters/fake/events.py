@@ -5,8 +5,10 @@ Each complete line is one event about one GPU (by index or UUID):
 {"gpu": 0, "recovered": true}, and MIG-scoped {"gpu": 0, "mig": 1, "xid": 31}
 (the parent's MIG device at that index). Lines with "process" or "process_exit"
 change the simulated processes, and {"allocate": {"pid": 4242, "memory_mib": 512}} makes
-one allocate more (refused past its pod's hard limit; fake.processes). A line without its
-newline yet is left for a later read.
+one allocate more (refused past its pod's hard limit; fake.processes);
+{"mig_fault": {"gpu": 0, "call": "create", "error": "INSUFFICIENT_RESOURCES"}} fails the
+GPU's next MIG call of that kind (fake.mig). A line without its newline yet is left for a
+later read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from gpuslice.adapters.fake.mig import MigFault, parse_mig_fault
 from gpuslice.adapters.fake.processes import (
     Allocation,
     ProcessExit,
@@ -144,7 +147,7 @@ class EventFile:
 
 def parse_event(
     line: bytes, snapshot: HardwareSnapshot
-) -> HealthEvent | SimProcess | ProcessExit | Allocation | None:
+) -> HealthEvent | SimProcess | ProcessExit | Allocation | MigFault | None:
     """One line -> an event or a process change; None for a blank line. ValueError
     says what is wrong."""
     if len(line) > MAX_LINE:
@@ -162,6 +165,10 @@ def parse_event(
         raise ValueError("not a JSON object")
     if "process" in data or "process_exit" in data:
         return _process_change(data, snapshot)
+    if "mig_fault" in data:
+        if len(data) != 1:
+            raise ValueError('"mig_fault" lines have no other key')
+        return parse_mig_fault(data["mig_fault"], snapshot)
     if "allocate" in data:
         if len(data) != 1:
             raise ValueError('"allocate" lines have no other key')

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuslice.adapters.fake import mig_tables
 from gpuslice.core.devices import MigEngines
+from gpuslice.core.mig import MigProfileSpec, split_profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +30,9 @@ class GpuModel:
     architecture: str
     brand: str = "NVIDIA"
     mig_capable: bool = False
-    mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
+    mig_profiles: dict[str, MigProfile] = field(default_factory=dict)  # MIG devices' sizes
+    mig_table: tuple[MigProfileSpec, ...] = ()  # GPU-instance profiles and placements
+    pci_device_id: int = 0  # as NVML's pciDeviceId: device << 16 | vendor (0x10DE)
 
 
 # Engines per profile from the MIG user guide's A100-SXM4-40GB table (A100 has no NVENC).
@@ -58,6 +62,18 @@ MODELS: dict[str, GpuModel] = {
         architecture="Ampere",
         mig_capable=True,
         mig_profiles=_A100_40GB_MIG,
+        mig_table=mig_tables.A100_40GB,
+        pci_device_id=0x20B010DE,
+    ),
+    "a100-80gb": GpuModel(
+        name="NVIDIA A100-SXM4-80GB",
+        memory_mib=81920,
+        compute_capability=(8, 0),
+        multiprocessors=108,
+        architecture="Ampere",
+        mig_capable=True,
+        mig_table=mig_tables.A100_80GB,
+        pci_device_id=0x20B210DE,
     ),
     "h100-80gb": GpuModel(
         name="NVIDIA H100 80GB HBM3",
@@ -66,5 +82,38 @@ MODELS: dict[str, GpuModel] = {
         multiprocessors=132,
         architecture="Hopper",
         mig_capable=True,
+        mig_table=mig_tables.H100_80GB,
+        pci_device_id=0x233010DE,
+    ),
+    "h200": GpuModel(
+        name="NVIDIA H200",
+        memory_mib=143771,
+        compute_capability=(9, 0),
+        multiprocessors=132,
+        architecture="Hopper",
+        mig_capable=True,
+        mig_table=mig_tables.H200,
+        pci_device_id=0x233510DE,
     ),
 }
+
+
+def model_named(product_name: str) -> GpuModel | None:
+    """The model whose NVML product name this is."""
+    return next((m for m in MODELS.values() if m.name == product_name), None)
+
+
+def mig_device_size(model: GpuModel | None, profile: str) -> MigProfile | None:
+    """The memory, multiprocessors and engines NVML reports for a MIG device of `profile`
+    ("1g.5gb", or "1c.3g.20gb": the compute instance's share) on this model; None when
+    the model does not say."""
+    if model is None:
+        return None
+    whole, compute, slices = split_profile(profile)
+    known = model.mig_profiles.get(whole)
+    if known is None:
+        spec = next((s for s in model.mig_table if s.name == whole), None)
+        if spec is None:
+            return None
+        known = MigProfile(spec.memory_mib, spec.multiprocessors, spec.engines)
+    return MigProfile(known.memory_mib, known.multiprocessors * compute // slices, known.engines)

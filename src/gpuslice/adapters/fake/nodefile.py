@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpuslice.adapters.fake.fields import Fields, describe
 from gpuslice.adapters.fake.layout import apply_nvlinks, check_unique
-from gpuslice.adapters.fake.models import MODELS, GpuModel
+from gpuslice.adapters.fake.models import MODELS, GpuModel, mig_device_size
 from gpuslice.config.yaml_text import YAMLError, load_yaml
 from gpuslice.core.devices import Gpu, GpuProcess, HardwareSnapshot, MigDevice, MigEngines
 from gpuslice.core.errors import ConfigError
@@ -139,6 +139,7 @@ class _Base:
     architecture: str
     brand: str
     mig_capable: bool
+    pci_device_id: int
 
 
 def _gpu_entry(f: Fields, node: str, first_index: int) -> list[Gpu]:
@@ -185,6 +186,7 @@ def _gpu_entry(f: Fields, node: str, first_index: int) -> list[Gpu]:
                 architecture=base.architecture,
                 multiprocessors=base.multiprocessors,
                 mig_capable=base.mig_capable,
+                pci_device_id=base.pci_device_id,
                 mig_enabled=mig_enabled,
                 mig_devices=migs,
                 processes=processes,
@@ -227,6 +229,7 @@ def _base(f: Fields, model: GpuModel | None) -> _Base:
         architecture=f.opt_text("architecture") or (model.architecture if model else ""),
         brand=f.opt_text("brand") or (model.brand if model else "NVIDIA"),
         mig_capable=f.flag("mig_capable", model.mig_capable if model else False),
+        pci_device_id=model.pci_device_id if model else 0,
     )
 
 
@@ -245,8 +248,7 @@ def _mig(f: Fields, index: int, model: GpuModel | None, gpu_uuid: str, minor: in
     if match is None:
         f.fail(f.at("profile"), f'expected "<g>g.<m>gb" or "<c>c.<g>g.<m>gb", got {profile!r}')
     gi, ci = f.integer("gi"), f.opt_integer("ci") or 0
-    whole = profile.split(".", 1)[1] if match[1] else profile
-    known = model.mig_profiles.get(whole) if model else None
+    known = mig_device_size(model, profile)
     memory = f.opt_integer("memory_mib", minimum=1)
     if memory is None:
         if known is None:
@@ -255,7 +257,7 @@ def _mig(f: Fields, index: int, model: GpuModel | None, gpu_uuid: str, minor: in
     slices, compute = int(match[2]), int(match[1] or match[2])
     sms = f.opt_integer("multiprocessors")
     if sms is None and known is not None:
-        sms = known.multiprocessors * compute // slices
+        sms = known.multiprocessors
     mig_uuid = f.opt_text("uuid", "a MIG UUID") or derived_uuid("MIG", gpu_uuid, gi, ci)
     if not MIG_UUID.fullmatch(mig_uuid):
         f.fail(f.at("uuid"), f"expected MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {mig_uuid!r}")

@@ -150,6 +150,15 @@ class ProcessTable:
             self._procs[change.pid] = SimProcess(change.pid, change.device, 0, 0, change.owner)
         return refused
 
+    def relayout(self, snapshot: HardwareSnapshot) -> None:
+        """The node's MIG devices changed (the processes on them are kept)."""
+        self._snapshot = snapshot
+        self._parent = {m.uuid: g.uuid for g in snapshot.gpus for m in g.mig_devices}
+
+    def running_on(self, device: str) -> bool:
+        """A process runs on the GPU or MIG device `device`."""
+        return any(p.device == device for p in self._procs.values())
+
     def end(self, pid: int) -> bool:
         """End process `pid`; False when none runs."""
         return self._procs.pop(pid, None) is not None

@@ -13,6 +13,7 @@ import pynvml
 from gpuslice.adapters.nvml import limits
 from gpuslice.adapters.nvml.events import EventWatch
 from gpuslice.adapters.nvml.inventory import Inventory
+from gpuslice.adapters.nvml.mig import NvmlMig
 from gpuslice.adapters.nvml.processes import ProcessReader
 from gpuslice.core.devices import Gpu, HardwareSnapshot, HealthEvent
 from gpuslice.core.errors import BackendError
@@ -69,7 +70,8 @@ def load_nvml(
 
 
 class NvmlBackend:
-    """One NVML session from open() to close(). Never changes a GPU setting."""
+    """One NVML session from open() to close(). Changes a GPU only through its MIG
+    control (adapters.nvml.mig), when that is called."""
 
     def __init__(self, nv: Any, sys_root: Path, proc_root: Path) -> None:
         self._nv = nv
@@ -78,6 +80,7 @@ class NvmlBackend:
         self._unread: frozenset[str] = frozenset()  # GPUs the last snapshot read only in part
         self._processes = ProcessReader(nv)
         self._layout: tuple[Gpu, ...] | None = None  # the GPUs of the last snapshot
+        self._mig = NvmlMig(nv)
         self._open = True
 
     @classmethod
@@ -158,6 +161,9 @@ class NvmlBackend:
             return False
         self._events.answering(gpu_uuid)
         return True
+
+    def mig_control(self) -> NvmlMig:
+        return self._mig
 
     # The MemoryLimits port (adapters.nvml.limits).
 

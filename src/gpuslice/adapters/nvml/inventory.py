@@ -170,7 +170,8 @@ class Inventory:
     def _gpu(self, index: int, handle: Any, caps: dict[str, int]) -> Gpu:
         """Every fact of one GPU; raises NVMLError or BackendError."""
         nv = self._nv
-        bus_id = normal_bus_id(text(nv.nvmlDeviceGetPciInfo(handle).busId))
+        pci = nv.nvmlDeviceGetPciInfo(handle)
+        bus_id = normal_bus_id(text(pci.busId))
         minor = int(nv.nvmlDeviceGetMinorNumber(handle))
         memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // MIB
         major, minor_cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
@@ -185,6 +186,8 @@ class Inventory:
             memory_mib=memory_mib,
             compute_capability=(int(major), int(minor_cc)),
             pci_bus_id=bus_id,
+            pci_device_id=int(pci.pciDeviceId),
+            pci_subsystem_id=int(pci.pciSubSystemId),
             numa_node=read_numa_node(self._sys_root, bus_id),
             pcie_root=read_pcie_root(self._sys_root, bus_id),
             brand=BRANDS.get(informational(nv.nvmlDeviceGetBrand, handle), ""),

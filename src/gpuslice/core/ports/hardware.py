@@ -1,5 +1,5 @@
-"""Ports: the GPUs and the host they are in (the backend, memory limits, time slices,
-process owners, the host itself)."""
+"""Ports: the GPUs and the host they are in (the backend, memory limits, MIG control, time
+slices, process owners, the host itself)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Protocol
 
 from gpuslice.core.devices import HardwareSnapshot, HealthEvent
 from gpuslice.core.isolation import HostFacts, Limit, LimitReading
+from gpuslice.core.mig import GpuInstance, MigProfileSpec
 from gpuslice.core.usage import ProcessOwner, ProcessSample
 
 
@@ -33,8 +34,46 @@ class GpuBackend(Protocol):
         for one GPU."""
         ...
 
+    def mig_control(self) -> MigControl | None:
+        """The backend's MIG control; None where it cannot change MIG layouts."""
+        ...
+
     def close(self) -> None:
         """Release the backend (NVML shutdown, file handles)."""
+        ...
+
+
+class MigControl(Protocol):
+    """A GPU's MIG mode and instances, read and changed as NVML does. Blocking: run on
+    the backend's worker. A refusal raises MigError with NVML's error name: an occupied
+    or overlapping placement INSUFFICIENT_RESOURCES, a device with processes IN_USE, a
+    mode change left waiting for a GPU reset RESET_REQUIRED. Other failures BackendError."""
+
+    def profiles(self, gpu_uuid: str) -> tuple[MigProfileSpec, ...]:
+        """The GPU's GPU-instance profiles with their possible placements."""
+        ...
+
+    def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
+        """The GPU instances on the GPU now, by placement."""
+        ...
+
+    def mig_mode(self, gpu_uuid: str) -> tuple[bool, bool]:
+        """(enabled now, enabled once pending changes apply)."""
+        ...
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        """Turn MIG on or off: only on an idle GPU without GPU instances. Where the
+        architecture needs a GPU reset (Ampere) the driver resets it; a reset it cannot
+        make leaves the change pending (RESET_REQUIRED)."""
+        ...
+
+    def create(self, gpu_uuid: str, profile: str, start: int) -> GpuInstance:
+        """A GPU instance of `profile` ("1g.5gb"; "1c.3g.20gb" for a 1-slice compute
+        instance) at the placement that starts at `start`, with its compute instance."""
+        ...
+
+    def destroy(self, gpu_uuid: str, gi: int) -> None:
+        """Destroy GPU instance `gi` and its compute instances (done when it is gone)."""
         ...
 
 
