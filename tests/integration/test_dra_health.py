@@ -102,8 +102,8 @@ def tear(path: Path) -> None:
 async def flow(root: str, tmp_path: Path, rules: list[Rule]) -> set[int]:
     """Publish (create, then update and delete on a shrinking pool), prepare and
     unprepare under `rules`; the status codes the API answered."""
-    async with dra_rig(root, tmp_path) as rig:
-        rig.api.grants = grants(rules)
+    async with dra_rig(root, tmp_path, register=False) as rig:
+        rig.api.grants = grants(rules)  # before the registration: every call is under them
         await rig.kubelet.discover(DRIVER)
         claim = rig.put_claim("a", GPU0)
         await rig.kubelet.prepare(DRIVER, [claim])
