@@ -9,11 +9,14 @@ import dataclasses
 import json
 import re
 import socket
+import ssl
 import time
 
 import pytest
 
 from gpuslice.adapters.prometheus import Limits, PrometheusApi, PrometheusError, gather
+from gpuslice.adapters.prometheus.secured import tls_failure
+from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.core.advice import Rules, advise
 from gpuslice.testing.prometheus import Answer, SyntheticPrometheus, ok
 
@@ -189,3 +192,16 @@ def test_nan_and_inf_facts_read_as_absent_and_the_advice_stays_finite() -> None:
     assert all(a.share is None and a.gpu_memory is None for a in found)
     assert all(a.verdict == "unknown" for a in found)
     json.dumps([dataclasses.asdict(a) for a in found], allow_nan=False)  # what --output json does
+
+
+def test_a_tls_exchange_ended_without_an_alert_still_names_the_client_certificate() -> None:
+    """Under TLS 1.3 a server refusing a client certificate may close before its alert
+    arrives: the client sees an EOF, and the line still says what to look at."""
+    eof = ssl.SSLEOFError(8, "EOF occurred in violation of protocol (_ssl.c:2427)")
+    mine = PrometheusAccess("https://p:9090", cert_file="/pki/c.crt", key_file="/pki/c.key")
+    assert tls_failure(eof, mine).startswith(
+        "it refused the client certificate /pki/c.crt, or ended the TLS exchange"
+    )
+    none = tls_failure(eof, PrometheusAccess("https://p:9090", ca_file="/pki/ca.crt"))
+    assert none.startswith("it asks for a client certificate, or ended the TLS exchange")
+    assert none.endswith("--prometheus-key-file (GPUSLICE_PROMETHEUS_KEY_FILE)")

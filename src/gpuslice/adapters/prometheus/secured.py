@@ -81,6 +81,17 @@ def tls_failure(exc: ssl.SSLError, access: PrometheusAccess) -> str:
         )
     if "UNKNOWN_CA" in said.upper() or "BAD_CERTIFICATE" in said.upper():
         return f"it refused the client certificate {access.cert_file} ({said})"
+    if isinstance(exc, ssl.SSLEOFError):  # TLS 1.3: a refusal may close before its alert
+        if access.cert_file:
+            return (
+                f"it refused the client certificate {access.cert_file}, or ended the TLS "
+                f"exchange for another reason ({said})"
+            )
+        return (
+            f"it asks for a client certificate, or ended the TLS exchange for another "
+            f"reason ({said}): give {named('prometheus-cert-file')} and "
+            f"{named('prometheus-key-file')}"
+        )
     return f"TLS failed ({said})"
 
 
