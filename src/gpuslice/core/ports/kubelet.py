@@ -160,8 +160,9 @@ class DirectoryClaim(Protocol):
         ...
 
     async def wait_streams(self) -> bool:
-        """Return once the streams are ours: a predecessor ended them and the kubelet
-        hung up on it, or it is gone (True); or after a bound (False)."""
+        """Return once the streams are ours: a predecessor ended them (and the kubelet
+        hung up on it or, with no current client, did nothing), or it is gone (True); or
+        after a bound (False)."""
         ...
 
     async def hand_over(self) -> bool:

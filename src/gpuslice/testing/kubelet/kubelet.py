@@ -5,7 +5,10 @@ it serves Registration on <dir>/kubelet.sock, dials each registered plugin, keep
 its ListAndWatch device list, admits pods the way the kubelet does (preferred
 allocation, then Allocate), checkpoints allocations and simulates restarts. With
 `pod_resources_socket` it also serves the PodResources API there, from what it
-admitted.
+admitted. It keeps each resource's current client as the kubelet's device manager does
+(v1.26 on): made current by a Register call before it is dialled, removed by a failed dial
+or options call, and disconnected by any stream of the resource that ends; with
+`register_after_connect`, made current only once connected.
 """
 
 from __future__ import annotations
