@@ -1,14 +1,16 @@
 """Rolling upgrades under load: pods refused, and how long allocatable read 0.
 
 One chain of `gpuslice run --fake-hardware t4x4` processes against the kubelet stand-in
-(which drops a plugin as the kubelet does): each roll starts a successor beside the
-agent serving (DaemonSet maxSurge), waits until it waits for the directory, SIGTERMs the
-old one and waits until the successor serves; a pod is admitted (then released) every
-PERIOD_S throughout, and the full plan burns every CPU with busy processes meanwhile.
+(which keeps a resource's current client, and drops it, as the kubelet does): each roll
+starts a successor beside the agent serving (DaemonSet maxSurge), waits until it waits for
+the directory, SIGTERMs the old one and waits until the successor serves; a pod is
+admitted (then released) every PERIOD_S throughout, and the full plan burns every CPU with
+busy processes meanwhile.
 
 Baseline, in the same run, when BENCH_ROLL_BASELINE_SRC names the `src` directory of
 another checkout (say main's, by `git archive main src`): the same rolls with that
-checkout's agents, under the same load.
+checkout's agents, under the same load: `git archive <commit> src` of an earlier hand-over
+order (docs/benchmarks.md names the ones measured) compares that order with this one.
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from kubelet_fakes import FakeHandler, make_resource, short_dir
+from kubelet_fakes import FakeHandler, exists, make_resource, read_json, short_dir
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.deviceplugin import server as server_module
-from gpuslice.adapters.deviceplugin.dirlock import DirLock, Holder
+from gpuslice.adapters.deviceplugin.decoy import DECOY_SOCKET, register_decoys
+from gpuslice.adapters.deviceplugin.dirlock import HOLDER_FILE, DirLock, Holder
 from gpuslice.adapters.deviceplugin.handover import DirClaim
 from gpuslice.adapters.deviceplugin.streamlock import STREAMS_FILE
 from gpuslice.testing.kubelet import KubeletStandin
@@ -174,3 +175,48 @@ async def test_streams_end_for_a_successor_only_in_a_pause_between_calls(
     (dropped,) = kubelet.disconnects
     assert dropped.at > answered[-1]
     await srv.stop(0)
+
+
+async def test_the_old_agent_serves_until_the_successor_says_it_registered(
+    plugin_dir: str,
+) -> None:
+    """The successor marks the holder file once its registrations returned; until then
+    the file carries only the fields an earlier release reads (it refuses others)."""
+    old_lock, new_lock = DirLock(plugin_dir, Holder(1)), DirLock(plugin_dir, Holder(2))
+    old, new = DirClaim(old_lock), DirClaim(new_lock)
+    assert old_lock.try_acquire()
+    old_lock.release()
+    assert new_lock.try_acquire()
+    new.serving()
+    assert not await old.wait_registered(wait_s=0.05)
+    waiting = asyncio.create_task(old.wait_registered(wait_s=60))
+    await asyncio.sleep(0.05)  # several polls, none answered
+    assert not waiting.done()
+    holder = os.path.join(plugin_dir, HOLDER_FILE)
+    assert set(read_json(holder)) == {"pid", "pod", "node", "host", "token", "serving"}
+    new.registered()
+    assert await asyncio.wait_for(waiting, 5)
+    assert read_json(holder)["registered"] is True
+    new.release()
+
+
+@pytest.mark.parametrize("after_connect", [False, True])
+async def test_the_decoy_is_refused_and_leaves_the_old_endpoint_serving(
+    plugin_dir: str, after_connect: bool
+) -> None:
+    """The kubelet refuses the decoy (either way it makes clients current); its socket is
+    gone after. Where the kubelet made it current first, the old plugin's stream then
+    ends with nothing done and its endpoint still allocates; else the old one is dropped."""
+    async with KubeletStandin(plugin_dir, register_after_connect=after_connect) as kubelet:
+        old = await _serve(kubelet, "nvidia-gpu.sock")
+        assert await register_decoys(plugin_dir, kubelet.socket_path, [GPU])
+        assert not exists(os.path.join(plugin_dir, DECOY_SOCKET))
+        (_, decoy) = kubelet.registrations
+        assert (decoy.endpoint, decoy.accepted) == (DECOY_SOCKET, False)
+        assert await old.end_streams(timeout_s=0.3) is after_connect
+        if after_connect:
+            await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 0)
+        else:
+            await kubelet.admit("pod", {"main": {GPU: 1}})
+            assert kubelet.disconnects == []
+        await old.stop(0)

@@ -101,11 +101,17 @@ async def test_unsupported_version_is_refused(kubelet: KubeletStandin) -> None:
     assert 'requested API version "v1alpha" is not supported' in (err.details() or "")
 
 
-async def test_unreachable_endpoint_is_refused(kubelet: KubeletStandin) -> None:
-    err = await _register(
-        kubelet, pb.RegisterRequest(version="v1beta1", endpoint="absent.sock", resource_name=GPU)
-    )
-    assert "failed to dial device plugin" in (err.details() or "")
+async def test_unreachable_endpoint_is_refused_after_the_dial_timeout(plugin_dir: str) -> None:
+    """The kubelet's dial blocks until the socket accepts: a missing one holds the
+    Register call for the whole dial timeout before it is refused."""
+    async with KubeletStandin(plugin_dir, dial_timeout_s=0.3) as kubelet:
+        started = time.monotonic()
+        err = await _register(
+            kubelet,
+            pb.RegisterRequest(version="v1beta1", endpoint="absent.sock", resource_name=GPU),
+        )
+        assert time.monotonic() - started >= 0.3
+    assert "failed to dial device plugin: context deadline exceeded" in (err.details() or "")
     assert kubelet.endpoint(GPU) is None
 
 

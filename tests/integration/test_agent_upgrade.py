@@ -1,14 +1,17 @@
 """A rolling upgrade with a successor started beside the old agent (DaemonSet maxSurge),
-as real `gpuslice run` processes against the kubelet stand-in, which replaces a plugin
-as the kubelet does (any stream that ends disconnects the resource's current client).
+as real `gpuslice run` processes against the kubelet stand-in, which keeps a resource's
+current client as the kubelet does (a Register call makes its client current before
+dialling it, a failed connection removes it, and a stream that ends disconnects the
+current client, if any).
 
 The successor shares the status port (hostNetwork), reports ready while it waits for
-the device-plugin directory, then serves unregistered while the old agent still streams;
-the old agent ends its streams, waits for the stand-in (as the kubelet) to drop it, and
-only then does the successor register, once. Allocatable is 0 only from the old agent's
-drop to the successor's first list (milliseconds, where a successor started after the
-old agent took its whole start-up); the kubelet's code leaves no hand-over without that
-window (docs/upgrades.md)."""
+the device-plugin directory, then serves unregistered while the old agent still streams
+and registers a decoy the kubelet refuses, which leaves it no current client; the old
+agent ends its streams (nothing happens), the successor registers once, and the old
+agent serves Allocate until that returned: no pod is refused and allocatable never reads
+0. Where the decoy does not take (a kubelet that makes a client current only once
+connected) the old agent is dropped and the successor registers after that, as before
+(docs/upgrades.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from agent_harness import GPU, AgentLauncher, registrations, serving
@@ -114,10 +118,30 @@ class _Admissions:
             await asyncio.sleep(PERIOD_S)
 
 
-@pytest.mark.timeout(4 * HANG_S)
-async def test_an_upgrade_registers_the_successor_once_after_the_old_agent_was_dropped(
+class _Allocatable:
+    """The lowest allocatable of GPU the stand-in showed, read at each change of its state."""
+
+    def __init__(self, kubelet: KubeletStandin) -> None:
+        self.lowest: int | None = None
+
+        def seen(k: KubeletStandin) -> bool:
+            now = k.node_status().allocatable.get(GPU, 0)
+            self.lowest = now if self.lowest is None else min(self.lowest, now)
+            return False
+
+        self._task = asyncio.create_task(kubelet.wait_for(seen, 100 * HANG_S))
+
+    async def finish(self) -> int | None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return self.lowest
+
+
+async def _roll(
     kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
-) -> None:
+) -> tuple[AgentProcess, AgentProcess, _Admissions, int | None, float]:
+    """Start an agent, admit pods throughout, start its successor, stop the agent, and
+    return once the successor serves and a few more pods went to it."""
     port = _free_port()
     status = ("--status-address", f"127.0.0.1:{port}")
     old = await _agent(processes, plugin_dir, "gpuslice-old", *status)
@@ -136,6 +160,7 @@ async def test_an_upgrade_registers_the_successor_once_after_the_old_agent_was_d
     assert f"pid {old.proc.pid}, pod gpuslice-old" in str(waiting[0])
     assert registrations(kubelet)[GPU] == 1  # the successor waits, touching nothing
 
+    allocatable = _Allocatable(kubelet)
     old.signal(signal.SIGTERM)
     rc, _ = await old.wait(HANG_S)
     assert rc == 0, old.log
@@ -144,24 +169,10 @@ async def test_an_upgrade_registers_the_successor_once_after_the_old_agent_was_d
     print(f"old agent exited -> successor serving in {time.monotonic() - gone:.3f} s")
     await pods.until_admitted(pods.admitted + 5)  # a few more with the successor alone
     await pods.finish()
+    lowest = await allocatable.finish()
     gap = kubelet.unserved_s(GPU)
-    print(f"allocatable 0 for {gap * 1000:.1f} ms; failed: {pods.failed}")
-
-    # The old agent's stream ended and the stand-in dropped the old agent's own client
-    # (no stale stream); the successor registered once, after that.
-    old_reg, new_reg = [r.at for r in kubelet.registrations if r.resource == GPU]
-    (dropped,) = kubelet.disconnects
-    assert old_reg < dropped.at < new_reg
-    assert kubelet.stale_streams == []
-    assert "streams_handed_over" in old.log
-    assert "kubelet_not_hung_up" not in old.log
-    # Only a pod admitted inside that window can fail: for want of healthy devices, or
-    # (one at most) with its Allocate in flight as the kubelet dropped the old agent.
-    # None met a stopped endpoint or an agent that had stopped serving.
-    assert len(pods.failed) <= 2 + int(gap / PERIOD_S), pods.failed
-    cut = [f for f in pods.failed if "the client connection is closing" in f]
-    assert len(cut) <= 1, pods.failed
-    assert all("no healthy devices present" in f for f in pods.failed if f not in cut)
+    print(f"allocatable 0 for {gap * 1000:.1f} ms, at least {lowest}; "
+          f"failed: {pods.failed}")  # fmt: skip
     assert registrations(kubelet)[GPU] == 2
     assert pods.admitted > 10
     code, body = await _readyz(port)
@@ -170,6 +181,74 @@ async def test_an_upgrade_registers_the_successor_once_after_the_old_agent_was_d
     rc, _ = await new.wait(HANG_S)
     assert rc == 0, new.log
     assert "Traceback" not in old.log + new.log
+    return old, new, pods, lowest, gap
+
+
+def _count(proc: AgentProcess, event: str) -> int:
+    return sum(f"event='{event}'" in line for line in proc.lines)
+
+
+@pytest.mark.timeout(4 * HANG_S)
+async def test_an_upgrade_under_load_refuses_no_pod_and_never_zeroes_allocatable(
+    kubelet: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """The successor's decoy leaves the kubelet no current client: the old agent's
+    streams end with nothing done, its endpoint serves Allocate until the successor's
+    one registration returned, and no pod admitted every PERIOD_S meets a gap."""
+    old, new, pods, lowest, gap = await _roll(kubelet, plugin_dir, processes)
+    assert pods.failed == []
+    assert (lowest, gap) == (4, 0.0)
+    assert kubelet.disconnects[:-1] == []  # the last: the successor's own stop
+    assert kubelet.stale_streams == []
+    first, decoy, second = [r for r in kubelet.registrations if r.resource == GPU]
+    assert (first.accepted, decoy.accepted, second.accepted) == (True, False, True)
+    assert "failed to get device plugin options" in decoy.error
+    assert second.endpoint == first.endpoint != decoy.endpoint
+    # Each step said once: the decoy refused, as expected; the old agent's streams ended
+    # with no hang-up (the settle); the successor's registration seen by the old agent.
+    assert _count(new, "decoy_refused_as_expected") == 1
+    assert _count(new, "register_failed") == _count(new, "decoy_failed") == 0
+    (handed,) = [line for line in old.lines if "event='streams_handed_over'" in line]
+    assert f"settled=['{GPU}']" in handed
+    assert "hung_up=[]" in handed
+    assert _count(old, "successor_registered") == 1
+    assert _count(old, "successor_not_registered") == 0
+    assert _count(new, "stream_dropped_registering_again") == 0
+
+
+@pytest.fixture
+async def connect_first(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
+    """A stand-in whose Register makes a client current only once it connected."""
+    async with KubeletStandin(plugin_dir, register_after_connect=True) as standin:
+        yield standin
+
+
+@pytest.mark.timeout(4 * HANG_S)
+async def test_an_upgrade_hands_over_as_before_where_the_decoy_does_not_take(
+    connect_first: KubeletStandin, plugin_dir: str, processes: list[AgentProcess]
+) -> None:
+    """A kubelet that makes a client current only once connected keeps the old agent as
+    current through the decoy: the old agent's stream end drops it (a hang-up, seen
+    within the settle), and the successor registers once after that. Allocatable is 0
+    only from that drop to the successor's first list."""
+    kubelet = connect_first
+    old, new, pods, _, gap = await _roll(kubelet, plugin_dir, processes)
+    old_reg, new_reg = [r.at for r in kubelet.registrations if r.resource == GPU and r.accepted]
+    dropped, _ = kubelet.disconnects  # the old agent's, then the successor's own stop
+    assert old_reg < dropped.at < new_reg
+    assert dropped.ended == dropped.dropped
+    assert kubelet.stale_streams == []
+    (handed,) = [line for line in old.lines if "event='streams_handed_over'" in line]
+    assert f"hung_up=['{GPU}']" in handed
+    assert "settled=[]" in handed
+    assert _count(old, "successor_registered") == 0  # dropped: nothing to serve for
+    assert _count(new, "decoy_refused_as_expected") == 1
+    # Only a pod admitted inside that window can fail: for want of healthy devices, or
+    # (one at most) with its Allocate in flight as the kubelet dropped the old agent.
+    assert len(pods.failed) <= 2 + int(gap / PERIOD_S), pods.failed
+    cut = [f for f in pods.failed if "the client connection is closing" in f]
+    assert len(cut) <= 1, pods.failed
+    assert all("no healthy devices present" in f for f in pods.failed if f not in cut)
 
 
 async def test_an_agent_the_kubelet_drops_registers_again_at_once(

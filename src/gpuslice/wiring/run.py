@@ -112,7 +112,7 @@ async def _claim(
 ) -> DirClaim | None:
     """The device-plugin directory, once no other agent holds it."""
     lock = await claim(opts.plugin_dir, lock_holder(opts), stop, waiting)
-    return None if lock is None else DirClaim(lock)
+    return None if lock is None else DirClaim(lock, opts.kubelet_socket)
 
 
 def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:

@@ -52,6 +52,10 @@ class Holder:
     host: str = ""
     token: str = ""  # this process, where PIDs of two pods' namespaces may be equal
     serving: bool = False  # it serves every resource, ready to register (a predecessor waits)
+    # Its registrations returned: the kubelet's endpoints are its own (a predecessor stops).
+    # Written only once true: an earlier version, which refuses a field it does not know,
+    # reads the file only before that.
+    registered: bool = False
 
     def describe(self) -> str:
         parts = [f"pid {self.pid}"]
@@ -104,6 +108,12 @@ class DirLock:
             self.me = replace(self.me, serving=True)
             self._write_holder()
 
+    def mark_registered(self) -> None:
+        """Say in the holder file that our registrations returned (while we hold the lock)."""
+        if self._fd is not None:
+            self.me = replace(self.me, registered=True)
+            self._write_holder()
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
@@ -119,7 +129,10 @@ class DirLock:
         followed."""
         assert self._fd is not None
         with contextlib.suppress(OSError):  # the lock holds; waiters cannot say by whom
-            write_in_dir(self._fd, HOLDER_FILE, json.dumps(asdict(self.me)), durable=False)
+            fields = asdict(self.me)
+            if not self.me.registered:
+                del fields["registered"]
+            write_in_dir(self._fd, HOLDER_FILE, json.dumps(fields), durable=False)
 
     def _read_holder(self, dir_fd: int | None = None) -> Holder | None:
         """The holder file's content: a regular file of at most HOLDER_MAX_BYTES, not

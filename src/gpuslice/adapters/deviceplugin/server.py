@@ -143,10 +143,7 @@ class DevicePluginServer:
         if servicer is None:
             return True
         await servicer.quiet(QUIET_GAP_S, QUIET_LIMIT_S)
-        hung_up = await wait_hung_up(self._bound_name, timeout_s, servicer.stop_streams)
-        if not hung_up:
-            _log.warning("kubelet_not_hung_up", resource=self.resource_name, waited_s=timeout_s)
-        return hung_up
+        return await wait_hung_up(self._bound_name, timeout_s, servicer.stop_streams)
 
     def release_socket(self) -> None:
         """Remove our socket file and keep serving: connections already made (the

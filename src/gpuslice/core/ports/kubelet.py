@@ -139,14 +139,30 @@ class DirectoryClaim(Protocol):
         """True when no other agent streams to the kubelet now (the streams are ours)."""
         ...
 
+    async def decoy(self, resources: Collection[str]) -> bool:
+        """Leave the kubelet with no current client for `resources` (a Register call it
+        refuses, as expected), so that a predecessor's streams end with nothing done;
+        True when it did for each."""
+        ...
+
     def serving(self) -> None:
         """Say that every resource is served, ready to register (a predecessor may end
         its streams)."""
         ...
 
+    def registered(self) -> None:
+        """Say that every resource is registered (a predecessor may stop serving)."""
+        ...
+
+    async def wait_registered(self) -> bool:
+        """(Once handed over) return True once the successor says it registered every
+        resource; False after a bound."""
+        ...
+
     async def wait_streams(self) -> bool:
-        """Return once the streams are ours: a predecessor ended them and the kubelet
-        hung up on it, or it is gone (True); or after a bound (False)."""
+        """Return once the streams are ours: a predecessor ended them (and the kubelet
+        hung up on it or, with no current client, did nothing), or it is gone (True); or
+        after a bound (False)."""
         ...
 
     async def hand_over(self) -> bool:

@@ -5,10 +5,11 @@ for preferred allocations, and the kubelet's directory followed (kubelet_watch).
 
 In a rolling update the device-plugin directory passes from agent to agent
 (adapters.deviceplugin.handover): `start` takes it once a predecessor lets go (ready to
-take over meanwhile), `run` says every resource is served and registers them once the
-predecessor's streams are gone, and `stop` keeps the kubelet's streams open until a
-successor serves (MPS daemons run on, and the successor adopts them), then ends them and
-lets the successor register once the kubelet has hung up."""
+take over meanwhile), `run` leaves the kubelet no current client (a decoy), says every
+resource is served and registers them once the predecessor's streams are gone, and
+`stop` keeps the kubelet's streams open until a successor serves (MPS daemons run on,
+and the successor adopts them), then ends them, lets the successor register after a
+short settle, and serves Allocate until its registrations returned."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ from gpuslice.services.supervision import State
 log = structlog.get_logger("gpuslice.agent")
 
 NAME = "device-plugin"
-HANGUP_S = 2.0  # how long the old agent waits for the kubelet to hang up on its streams
+# How long the old agent waits for the kubelet to hang up on its ended streams: the
+# kubelet's goroutine runs at once, and does nothing when a decoy left no current client.
+SETTLE_S = 0.15
+REGISTER_S = 10.0  # the longest a successor waits for its registrations to return
 
 
 class DevicePluginFrontEnd:
@@ -165,14 +169,29 @@ class DevicePluginFrontEnd:
             if claim is not None:  # serve on until a successor serves
                 self.manager.release_sockets()
                 if await claim.hand_over():
-                    await self.manager.end_streams(HANGUP_S)
-                    log.info("streams_handed_over")
-                claim.release()  # the kubelet dropped us: the successor registers now
+                    await self._end_streams(claim)
+                claim.release()
             await self.manager.stop()  # every stream ended, every socket removed
         finally:
             if claim is not None:  # released already, unless stopping failed
                 claim.release()
             await self._stack.aclose()
+
+    async def _end_streams(self, claim: DirectoryClaim) -> None:
+        """End our streams for a successor that serves, then let it register; with no
+        hang-up (its decoy took: the kubelet kept our endpoint), serve Allocate until
+        its registrations returned."""
+        hung_up = await self.manager.end_streams(SETTLE_S)
+        settled = sorted(name for name, done in hung_up.items() if not done)
+        log.info(
+            "streams_handed_over",
+            hung_up=sorted(name for name, done in hung_up.items() if done),
+            settled=settled,
+            settle_s=SETTLE_S,
+        )
+        claim.release()  # the successor registers now
+        if settled:
+            await claim.wait_registered()
 
     def release(self) -> None:
         claim, self._claim = self._claim, None
@@ -180,13 +199,20 @@ class DevicePluginFrontEnd:
             claim.release()
 
     async def _take_over(self) -> None:
-        """Every resource is served (prepared before `run`): say so to a predecessor
-        waiting to end its streams, and register once they are gone."""
+        """Every resource is served (prepared before `run`): with a predecessor streaming,
+        leave the kubelet no current client (the decoy) and say so to the predecessor,
+        register once its streams are gone, and say when that returned."""
         claim = self._claim
-        if claim is not None:
-            claim.serving()
-            await claim.wait_streams()
-            await self.manager.release_registrations()
+        if claim is None:
+            return
+        held = self.manager.holding  # a predecessor streams: hand over
+        if held:
+            await claim.decoy(list(self.manager.handlers))
+        claim.serving()
+        await claim.wait_streams()
+        await self.manager.release_registrations()
+        if held and await self.manager.wait_registered(REGISTER_S):
+            claim.registered()
 
     def _waiting(self, holder: str) -> None:
         self.waiting_for = holder

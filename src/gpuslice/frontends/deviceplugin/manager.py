@@ -162,12 +162,26 @@ class PluginManager:
             self._may_register.set()
             await asyncio.gather(*(s.send(MayRegister()) for s in self._supervisors.values()))
 
-    async def end_streams(self, timeout_s: float) -> None:
-        """End every served resource's streams, still serving, and return once the
-        kubelet hung up on each (`timeout_s` at most), for a successor to register."""
-        await asyncio.gather(
-            *(s.endpoint.end_streams(timeout_s) for s in self._supervisors.values() if s.state.up)
-        )
+    @property
+    def holding(self) -> bool:
+        """Registrations are held (hold_registrations, not yet released)."""
+        return not self._may_register.is_set()
+
+    async def wait_registered(self, timeout_s: float) -> bool:
+        """Return True once every resource is registered; False after `timeout_s`."""
+        reached = (s.reached(State.REGISTERED) for s in self._supervisors.values())
+        try:
+            await asyncio.wait_for(asyncio.gather(*reached), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def end_streams(self, timeout_s: float) -> dict[str, bool]:
+        """End every served resource's streams, still serving; return, for each, whether
+        the kubelet hung up on it within `timeout_s` (its endpoint is then stopped)."""
+        up = [(n, s) for n, s in self._supervisors.items() if s.state.up]
+        hung_up = await asyncio.gather(*(s.endpoint.end_streams(timeout_s) for _, s in up))
+        return {name: ok for (name, _), ok in zip(up, hung_up, strict=True)}
 
     def release_sockets(self) -> None:
         """Remove every served socket file, still serving the kubelet's connections, for

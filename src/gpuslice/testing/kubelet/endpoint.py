@@ -52,12 +52,26 @@ class PluginEndpoint:
         self._closing = False
         self._hung_up = False
 
-    async def connect(self, timeout_s: float) -> None:
-        """Ask for the plugin's options; raises grpc.aio.AioRpcError."""
-        opts = await self.stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout_s)
+    async def connect(self, timeout_s: float) -> str | None:
+        """As the kubelet's client.Connect: dial, blocking until the socket accepts
+        (`timeout_s` at most: a missing socket holds the caller that long), then ask for
+        the plugin's options (PluginConnected). Returns the kubelet's error text, or None."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
+        except TimeoutError:
+            await self._channel.close()  # no connection was made: none to leave open
+            return "failed to dial device plugin: context deadline exceeded"
+        try:
+            opts = await self.stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return (
+                "failed to get device plugin options: rpc error: "
+                f"code = {_go_code(exc.code())} desc = {exc.details()}"
+            )
         self.options = PluginOptions(
             opts.pre_start_required, opts.get_preferred_allocation_available
         )
+        return None
 
     def start_watch(self) -> None:
         """Open ListAndWatch and keep the latest device list."""
@@ -161,6 +175,11 @@ class PluginEndpoint:
                 "which is unexpected",
                 code,
             ) from None
+
+
+def _go_code(code: grpc.StatusCode) -> str:
+    """A status code as Go's codes.Code prints it ("Unavailable", "DeadlineExceeded")."""
+    return "".join(part.capitalize() for part in code.name.split("_"))
 
 
 def _device_state(dev: pb.Device) -> DeviceState:

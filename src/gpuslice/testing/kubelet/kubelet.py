@@ -5,7 +5,10 @@ it serves Registration on <dir>/kubelet.sock, dials each registered plugin, keep
 its ListAndWatch device list, admits pods the way the kubelet does (preferred
 allocation, then Allocate), checkpoints allocations and simulates restarts. With
 `pod_resources_socket` it also serves the PodResources API there, from what it
-admitted.
+admitted. It keeps each resource's current client as the kubelet's device manager does
+(v1.26 on): made current by a Register call before it is dialled, removed by a failed dial
+or options call, and disconnected by any stream of the resource that ends; with
+`register_after_connect`, made current only once connected.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from gpuslice.testing.kubelet.records import (
 )
 
 _log = structlog.get_logger()
-DIAL_TIMEOUT_S = 5.0  # how long Register waits for the plugin's options
+DIAL_TIMEOUT_S = 10.0  # the kubelet's blocking dial of a plugin (and here its options call)
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -68,8 +71,17 @@ class KubeletStandin:
     logs for assertions.
     """
 
-    def __init__(self, plugin_dir: str, pod_resources_socket: str | None = None) -> None:
+    def __init__(
+        self,
+        plugin_dir: str,
+        pod_resources_socket: str | None = None,
+        *,
+        register_after_connect: bool = False,
+        dial_timeout_s: float = DIAL_TIMEOUT_S,
+    ) -> None:
         self.plugin_dir = plugin_dir
+        self.register_after_connect = register_after_connect
+        self.dial_timeout_s = dial_timeout_s
         self.pod_resources_socket = pod_resources_socket
         self.socket_path = os.path.join(plugin_dir, KUBELET_SOCKET_NAME)
         self.checkpoint_path = os.path.join(plugin_dir, checkpoint.CHECKPOINT_NAME)
@@ -89,7 +101,6 @@ class KubeletStandin:
         self._state = checkpoint.Checkpoint()
         self._server: grpc.aio.Server | None = None
         self._cond = asyncio.Condition()
-        self._register_lock = asyncio.Lock()
 
     async def __aenter__(self) -> KubeletStandin:
         await self.start()
@@ -169,48 +180,54 @@ class KubeletStandin:
     # registration
 
     async def _register(self, req: pb.RegisterRequest) -> str | None:
-        """Handle Register; returns the kubelet's error text, or None when accepted."""
-        async with self._register_lock:
-            problem = registration_problem(req.version, req.resource_name)
-            ep: PluginEndpoint | None = None
-            if problem is None:
-                ep = PluginEndpoint(
-                    req.resource_name,
-                    req.endpoint,
-                    os.path.join(self.plugin_dir, req.endpoint),
-                    self._on_update,
-                    self._on_end,
-                )
-                self._dialled.append(ep)
-                self._clients[req.resource_name] = ep  # registerClient, before the dial
-                try:
-                    await ep.connect(DIAL_TIMEOUT_S)
-                except grpc.aio.AioRpcError as exc:
-                    problem = f"failed to dial device plugin: {exc.code().name}: {exc.details()}"
-                except BaseException:
-                    await ep.close()  # cancelled by stop(): leave no channel behind
-                    raise
-                if problem is None and self._server is None:
-                    problem = "kubelet is shutting down"
-                if problem is not None:
-                    if self._clients.get(ep.resource) is ep:
-                        del self._clients[ep.resource]
-                    await ep.close()
-                    ep = None
-            if ep is not None:
-                await self._replace(ep)
-                ep.start_watch()
-            self.registrations.append(
-                RegistrationRecord(
-                    at=time.monotonic(),
-                    resource=req.resource_name,
-                    endpoint=req.endpoint,
-                    version=req.version,
-                    accepted=problem is None,
-                    error=problem or "",
-                    options=None if ep is None else ep.options,
-                )
+        """Handle Register as the kubelet's connectClient does (Register calls run side by
+        side, as there): the client becomes the resource's current one before it is
+        dialled (registerClient), then the dial and the options call (client.Connect);
+        a failure removes the resource's current client, whichever it is then
+        (deregisterClient), and leaves its endpoint alone. Returns the kubelet's error
+        text, or None when accepted. With `register_after_connect` the client becomes
+        current only once connected (an order some kubelet versions may have)."""
+        problem = registration_problem(req.version, req.resource_name)
+        ep: PluginEndpoint | None = None
+        if problem is None:
+            ep = PluginEndpoint(
+                req.resource_name,
+                req.endpoint,
+                os.path.join(self.plugin_dir, req.endpoint),
+                self._on_update,
+                self._on_end,
             )
+            self._dialled.append(ep)
+            if not self.register_after_connect:
+                self._clients[ep.resource] = ep
+            try:
+                problem = await ep.connect(self.dial_timeout_s)
+            except BaseException:
+                await ep.close()  # cancelled by stop(): leave no channel behind
+                raise
+            if problem is None and self._server is None:
+                problem = "kubelet is shutting down"
+            if problem is not None:
+                if not self.register_after_connect:
+                    self._clients.pop(ep.resource, None)
+                _log.warning("standin_connect_failed", resource=ep.resource, error=problem)
+                ep = None
+        if ep is not None:
+            if self.register_after_connect:
+                self._clients[ep.resource] = ep
+            await self._replace(ep)
+            ep.start_watch()
+        self.registrations.append(
+            RegistrationRecord(
+                at=time.monotonic(),
+                resource=req.resource_name,
+                endpoint=req.endpoint,
+                version=req.version,
+                accepted=problem is None,
+                error=problem or "",
+                options=None if ep is None else ep.options,
+            )
+        )
         if problem:
             _log.warning("standin_register_rejected", resource=req.resource_name, error=problem)
         else:
