@@ -14,7 +14,7 @@ from gpuslice.adapters.kube.watch import (
     PROBE_CAP_S,
     RETURN_TRIES,
     SYNCED,
-    NodeState,
+    NodeLabels,
     Retry,
     WatchBroken,
     WatchEvent,
@@ -47,8 +47,8 @@ async def test_a_watch_that_ends_empty_at_once_backs_off_before_every_retry() ->
     opened: list[str | None] = []
     fifth = asyncio.Event()
 
-    async def read() -> NodeState:
-        return NodeState({"a": "1"}, "7")
+    async def read() -> NodeLabels:
+        return NodeLabels({"a": "1"}, "7")
 
     async def empty_watch(
         version: str | None, streaming: bool
@@ -85,8 +85,8 @@ class Script:
         self.opened: list[tuple[str | None, bool]] = []
         self.changed = asyncio.Event()
 
-    async def read(self) -> NodeState:
-        return NodeState({"a": "1"}, None)  # no version: the watch starts from now
+    async def read(self) -> NodeLabels:
+        return NodeLabels({"a": "1"}, None)  # no version: the watch starts from now
 
     async def watch(
         self, version: str | None, streaming: bool

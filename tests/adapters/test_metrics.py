@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuslice.adapters.metrics import (
     CONTENT_TYPE,
     AccountingCollector,
-    NodeStateCollector,
+    NodeSummaryCollector,
     PrometheusMetrics,
 )
 from gpuslice.adapters.status_http import StatusServer
@@ -30,7 +30,7 @@ from gpuslice.core.metrics import (
     XID_IGNORED,
     GpuRef,
     GpuState,
-    NodeState,
+    NodeSummary,
     ResourceState,
 )
 
@@ -123,12 +123,12 @@ def test_the_last_sample_time_appears_with_the_first_sample_only() -> None:
 
 def test_node_state_is_read_at_each_scrape_and_a_failing_read_drops_only_its_series() -> None:
     states = [
-        NodeState(
+        NodeSummary(
             resources=(ResourceState(GPU, advertised=16, healthy=16, registered=True),),
             gpus=(GpuState(0, UUID0, A100, 40 * GIB, healthy=True),),
             config="ts-4",
         ),
-        NodeState(
+        NodeSummary(
             resources=(ResourceState(GPU, advertised=32, healthy=24, registered=False),),
             gpus=(GpuState(0, UUID0, A100, 40 * GIB, healthy=False),),
             config="ts-4",
@@ -136,13 +136,13 @@ def test_node_state_is_read_at_each_scrape_and_a_failing_read_drops_only_its_ser
         ),
     ]
 
-    def read() -> NodeState:
+    def read() -> NodeSummary:
         if not states:
             raise RuntimeError("agent gone")
         return states.pop(0)
 
     metrics = PrometheusMetrics(hostname="n1", process=False)
-    metrics.add(NodeStateCollector(read, hostname="n1"))
+    metrics.add(NodeSummaryCollector(read, hostname="n1"))
     gpu0 = {"gpu": "0", "UUID": UUID0, "modelName": A100, "hostname": "n1"}
 
     s = scrape(metrics)

@@ -48,7 +48,7 @@ class GpuState:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeSummary:
     resources: tuple[ResourceState, ...] = ()
     gpus: tuple[GpuState, ...] = ()
     config: str | None = None  # the config in force (None before the first one)

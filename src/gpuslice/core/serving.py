@@ -1,5 +1,5 @@
 """What serving a set of resources on a node's hardware needs: the one planning path of the
-agent (NodeState.plan_devices, for each front-end) and of the what-if commands (`inspect`,
+agent (NodeView.plan_devices, for each front-end) and of the what-if commands (`inspect`,
 `labels`), so that they refuse exactly the configs the agent refuses."""
 
 from __future__ import annotations

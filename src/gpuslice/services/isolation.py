@@ -53,7 +53,7 @@ log = structlog.get_logger("gpuslice.isolation")
 NO_LIMITS = "the GPU backend cannot set memory limits"
 
 
-class Node(Protocol):
+class IsolatedNode(Protocol):
     """What the service reads of the node state (services.node_devices.NodeDevices)."""
 
     @property
@@ -97,7 +97,7 @@ class Applied:
 class Isolation:
     def __init__(
         self,
-        node: Node,
+        node: IsolatedNode,
         cgroups: PodCgroups,
         checkpoint: Callable[[], tuple[CheckpointEntry, ...]],
         watch: DirWatch,

@@ -44,11 +44,11 @@ RETRY_MAX_S = 300.0  # ... up to this (or the interval, when shorter)
 # Labels without the timestamp; the labeller stamps them.
 LabelSource = Callable[[], Awaitable[Mapping[str, str]]]
 # The hardware and settings to label, read fresh for each labelling.
-NodeState = Callable[[], Awaitable[tuple[HardwareSnapshot, ResourceSettings]]]
+ReadNode = Callable[[], Awaitable[tuple[HardwareSnapshot, ResourceSettings]]]
 
 
 def snapshot_labels(
-    read: NodeState,
+    read: ReadNode,
     *,
     machine: str | None = None,
     more: Callable[[], Mapping[str, str]] | None = None,  # e.g. Isolation.labels

@@ -1,5 +1,5 @@
 """The node's device state, with one owner: what the node holds, whatever front-end
-tells the kubelet about it (core.ports.NodeState says what a front-end gets).
+tells the kubelet about it (core.ports.NodeView says what a front-end gets).
 
 It owns the backend and the one worker thread its blocking calls run on, the hardware
 snapshot and the settings in force (committed together by the agent), health (the
@@ -52,7 +52,7 @@ async def _nothing() -> None:
 
 
 class NodeDevices:
-    """Implements core.ports.NodeState; see the module doc."""
+    """Implements core.ports.NodeView; see the module doc."""
 
     def __init__(
         self,

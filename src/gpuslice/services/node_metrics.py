@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpuslice.core.metrics import GpuState, NodeState, ResourceState
+from gpuslice.core.metrics import GpuState, NodeSummary, ResourceState
 from gpuslice.services.node import Node
 
 MIB = 1024 * 1024
@@ -13,10 +13,10 @@ MIB = 1024 * 1024
 Resources = Callable[[], Sequence[ResourceState]]  # a front-end's resources, as served now
 
 
-def node_state(node: Node, resources: Resources) -> NodeState:
+def node_state(node: Node, resources: Resources) -> NodeSummary:
     served = tuple(resources())
     if not node.agent.ready.is_set():
-        return NodeState(served, config=None, config_ok=False)
+        return NodeSummary(served, config=None, config_ok=False)
     devices = node.devices
     bad = devices.health_marks
     gpus = tuple(
@@ -32,6 +32,6 @@ def node_state(node: Node, resources: Resources) -> NodeState:
     manager = node.manager
     if manager.one_config:
         ok = manager.rejected is None
-        return NodeState(served, gpus, config=devices.settings.shown, config_ok=ok)
+        return NodeSummary(served, gpus, config=devices.settings.shown, config_ok=ok)
     status = manager.status
-    return NodeState(served, gpus, config=status.config, config_ok=status.ok)
+    return NodeSummary(served, gpus, config=status.config, config_ok=status.ok)

@@ -125,11 +125,11 @@ def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:
 def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
     """Series read from the node at each scrape: each front-end's resources, the GPUs,
     the config, isolation, accounting."""
-    from gpuslice.adapters.metrics import NodeStateCollector
+    from gpuslice.adapters.metrics import NodeSummaryCollector
 
     front_ends = node.agent.front_ends
     served = lambda: [s for f in front_ends for s in f.resource_states()]  # noqa: E731
-    metrics.add(NodeStateCollector(lambda: node_state(node, served), hostname=metrics.hostname))
+    metrics.add(NodeSummaryCollector(lambda: node_state(node, served), hostname=metrics.hostname))
     if node.isolation is not None:
         from gpuslice.adapters.metrics import IsolationCollector
 

@@ -12,13 +12,13 @@ import pytest
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import SocketTaken
 from gpuslice.core.restart import RestartBudget
-from gpuslice.frontends.deviceplugin.supervisor import Supervisor
+from gpuslice.frontends.deviceplugin.supervisor import PluginSupervisor
 from gpuslice.frontends.deviceplugin.supervisor_events import (
     Counters,
     KubeletRestarted,
     MayRegister,
+    PluginState,
     SocketDeleted,
-    State,
     Timing,
 )
 
@@ -129,7 +129,7 @@ class Harness:
     def __init__(self, budget: RestartBudget, may_register: asyncio.Event | None = None) -> None:
         self.endpoint, self.timers, self.counters = Endpoint(), Timers(), Counters()
         self.gave_up: list[tuple[str, int, str]] = []
-        self.supervisor = Supervisor(
+        self.supervisor = PluginSupervisor(
             NAME,
             self.endpoint,
             budget=budget,
@@ -145,9 +145,9 @@ class Harness:
         await self.endpoint.registering.wait()
         self.endpoint.answers.put_nowait(None)
         await starting
-        assert self.supervisor.state is State.REGISTERED
+        assert self.supervisor.state is PluginState.REGISTERED
 
-    async def reached(self, state: State) -> None:
+    async def reached(self, state: PluginState) -> None:
         async with asyncio.timeout(5):
             await self.supervisor.reached(state)
 
@@ -157,7 +157,7 @@ async def h() -> AsyncIterator[Harness]:
     harness = Harness(RestartBudget(max_restarts=2, window_s=60.0))
     yield harness
     await harness.supervisor.stop()
-    assert harness.supervisor.state is State.STOPPED
+    assert harness.supervisor.state is PluginState.STOPPED
 
 
 async def test_a_new_resource_is_served_then_registered(h: Harness) -> None:
@@ -173,14 +173,14 @@ async def test_a_register_call_the_kubelet_did_not_take_is_retried_on_its_backof
     for n in (1, 2):
         await h.endpoint.registering.wait()
         h.endpoint.answers.put_nowait(GpusliceError("no kubelet yet"))
-        await h.reached(State.SERVING)
+        await h.reached(PluginState.SERVING)
         await starting  # the first attempt is over: start() returns
         await h.timers.delays(n)
         h.timers.fire()
     assert h.timers.requested == [0.5, 1.0]
     await h.endpoint.registering.wait()
     h.endpoint.answers.put_nowait(None)
-    await h.reached(State.REGISTERED)
+    await h.reached(PluginState.REGISTERED)
     assert h.endpoint.calls == ["start", "register", "register", "register"]
 
 
@@ -193,7 +193,7 @@ async def test_a_kubelet_restart_re_serves_unless_registered_with_that_kubelet(
 
     h.endpoint.is_current = False  # a new kubelet.sock
     await h.supervisor.send(KubeletRestarted())
-    assert h.supervisor.state is State.REGISTERING
+    assert h.supervisor.state is PluginState.REGISTERING
     assert h.endpoint.calls == ["start", "register", "stop", "start", "register"]
 
 
@@ -205,7 +205,7 @@ async def test_a_restart_abandons_the_register_call_in_flight(h: Harness) -> Non
     await h.endpoint.registering.wait()  # a new call, on a new socket
     h.endpoint.answers.put_nowait(None)
     await starting
-    assert h.supervisor.state is State.REGISTERED
+    assert h.supervisor.state is PluginState.REGISTERED
     assert h.endpoint.calls == ["start", "register", "stop", "start", "register"]
     assert h.counters.registrations == 1
 
@@ -216,7 +216,7 @@ async def test_a_stream_the_kubelet_cancels_is_registered_again_at_once(h: Harne
     await h.endpoint.registering.wait()  # at once, on the same server, no timer
     assert h.timers.requested == []
     h.endpoint.answers.put_nowait(None)
-    await h.reached(State.REGISTERED)
+    await h.reached(PluginState.REGISTERED)
     assert h.endpoint.calls == ["start", "register", "register"]
     assert h.counters.registrations == 2
 
@@ -231,14 +231,14 @@ async def test_a_stream_the_kubelet_cancels_is_registered_again_at_once(h: Harne
 async def test_the_deletion_of_an_older_socket_file_is_no_loss(h: Harness) -> None:
     await h.registered()
     await h.supervisor.send(SocketDeleted())  # ours is in place
-    assert h.supervisor.state is State.REGISTERED
+    assert h.supervisor.state is PluginState.REGISTERED
     assert h.endpoint.calls == ["start", "register"]
 
 
 async def test_a_server_that_goes_down_comes_back_after_its_backoff_only(h: Harness) -> None:
     await h.registered()
     h.endpoint.crash()
-    await h.reached(State.BACKING_OFF)
+    await h.reached(PluginState.BACKING_OFF)
     assert await h.timers.delays(1) == [0.1]
     await h.supervisor.send(SocketDeleted())  # its dying socket: not a second failure
     await h.supervisor.send(KubeletRestarted())  # nor a reason to come back sooner
@@ -248,7 +248,7 @@ async def test_a_server_that_goes_down_comes_back_after_its_backoff_only(h: Harn
     h.timers.fire()
     await h.endpoint.registering.wait()
     h.endpoint.answers.put_nowait(None)
-    await h.reached(State.REGISTERED)
+    await h.reached(PluginState.REGISTERED)
     assert h.endpoint.calls == ["start", "register", "stop", "start", "register"]
 
 
@@ -258,11 +258,11 @@ async def test_failures_in_a_row_spend_the_budget_and_nothing_restarts_after(
     h.endpoint.start_errors = [GpusliceError(f"bind failed {n}") for n in range(3)]
     await h.supervisor.start()
     for n in (1, 2):
-        await h.reached(State.BACKING_OFF)
+        await h.reached(PluginState.BACKING_OFF)
         await h.timers.delays(n)
         h.timers.now += 59  # each within the window of the last
         h.timers.fire()
-    await h.reached(State.FAILED)
+    await h.reached(PluginState.FAILED)
     assert h.timers.requested == [0.1, 0.2]
     assert h.gave_up == [(NAME, 3, "bind failed 2")]
     await h.supervisor.send(KubeletRestarted())
@@ -275,16 +275,16 @@ async def test_a_socket_another_plugin_serves_is_waited_for_and_costs_nothing(
 ) -> None:
     h.endpoint.start_errors = [SocketTaken("another device plugin serves it")] * 2
     await h.supervisor.start()
-    assert h.supervisor.state is State.BLOCKED
+    assert h.supervisor.state is PluginState.BLOCKED
     await h.timers.delays(1)
     h.timers.fire()  # looked at again: still taken
     await h.timers.delays(2)
-    assert h.supervisor.state is State.BLOCKED
+    assert h.supervisor.state is PluginState.BLOCKED
     assert h.timers.requested == [0.5, 1.0]
     assert h.endpoint.calls == ["start", "start"]
 
     await h.supervisor.send(SocketDeleted())  # the other plugin's socket went
-    assert h.supervisor.state is State.REGISTERING
+    assert h.supervisor.state is PluginState.REGISTERING
     assert h.counters.server_failures == 0
     assert h.gave_up == []
 
@@ -296,17 +296,17 @@ async def test_a_held_resource_serves_unregistered_until_it_may_register() -> No
     may_register = asyncio.Event()
     h = Harness(RestartBudget(max_restarts=2, window_s=60.0), may_register)
     await h.supervisor.start()
-    assert h.supervisor.state is State.SERVING
+    assert h.supervisor.state is PluginState.SERVING
     h.endpoint.is_current = False
     await h.supervisor.send(KubeletRestarted())
-    assert h.supervisor.state is State.SERVING
+    assert h.supervisor.state is PluginState.SERVING
     assert h.endpoint.calls == ["start", "stop", "start"]
 
     may_register.set()
     await h.supervisor.send(MayRegister())
     await h.endpoint.registering.wait()
     h.endpoint.answers.put_nowait(None)
-    await h.reached(State.REGISTERED)
+    await h.reached(PluginState.REGISTERED)
     await h.supervisor.send(MayRegister())  # once registered, nothing more
     assert h.endpoint.calls == ["start", "stop", "start", "register"]
     assert h.timers.requested == []

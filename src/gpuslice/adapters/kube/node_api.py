@@ -21,9 +21,9 @@ from gpuslice.adapters.kube.published import Published
 from gpuslice.adapters.kube.watch import (
     PROBE_CAP_S,
     WATCH_TIMEOUT_S,
-    NodeState,
+    FullRead,
+    NodeLabels,
     Retry,
-    State,
     Watched,
     follow,
     labels_of,
@@ -130,11 +130,11 @@ class KubeNodeApi:
     def watch_node_labels(self, node: str) -> AsyncGenerator[dict[str, str], None]:
         from gpuslice.adapters.kube.session import NotFound
 
-        async def read() -> NodeState:
+        async def read() -> NodeLabels:
             try:
                 return await self._read(node)
             except NotFound:
-                return NodeState({}, None)  # watched from "now": its creation shows up
+                return NodeLabels({}, None)  # watched from "now": its creation shows up
 
         nothing: dict[str, str] = {}
         labels = follow(
@@ -151,12 +151,12 @@ class KubeNodeApi:
     ) -> AsyncGenerator[ConfigMapView, None]:
         from gpuslice.adapters.kube.session import NotFound
 
-        async def read() -> State[ConfigMapView]:
+        async def read() -> FullRead[ConfigMapView]:
             try:
                 state, uid = await self._session.read_config_map(namespace, name)
             except NotFound:
                 self._config_map_uids.pop((namespace, name), None)
-                return State(ConfigMapView(None), None)  # watched from "now"
+                return FullRead(ConfigMapView(None), None)  # watched from "now"
             if uid:
                 self._config_map_uids[(namespace, name)] = uid
             return state
@@ -292,7 +292,7 @@ class KubeNodeApi:
         _log.info("node_feature_written", node=node, name=name, labels=len(wanted))
         return True
 
-    async def _read(self, node: str) -> NodeState:
+    async def _read(self, node: str) -> NodeLabels:
         state, uid = await self._session.read_node(node)
         if uid:
             self._uids[node] = uid

@@ -36,8 +36,8 @@ from gpuslice.adapters.kube.watch import (
     OPENED,
     SYNCED,
     WATCH_TIMEOUT_S,
-    NodeState,
-    State,
+    FullRead,
+    NodeLabels,
     Unreachable,
     WatchBroken,
     WatchEvent,
@@ -140,12 +140,12 @@ class ApiSession:
         self._ssl: ssl.SSLContext | None = None  # for the clients made per use
         self.server = str(client.config.cluster.server)
 
-    async def read_node(self, node: str) -> tuple[NodeState, str | None]:
+    async def read_node(self, node: str) -> tuple[NodeLabels, str | None]:
         """The Node's labels and resourceVersion, and its uid. Raises NotFound."""
         with self._errors(f"read node {node}"):
             obj = await self._client.get(Node, node)
         meta = obj.metadata or ObjectMeta()
-        return NodeState(dict(meta.labels or {}), meta.resourceVersion), meta.uid
+        return NodeLabels(dict(meta.labels or {}), meta.resourceVersion), meta.uid
 
     def watch_node(
         self, node: str, version: str | None, streaming: bool = True
@@ -157,14 +157,14 @@ class ApiSession:
 
     async def read_config_map(
         self, namespace: str, name: str
-    ) -> tuple[State[ConfigMapView], str | None]:
+    ) -> tuple[FullRead[ConfigMapView], str | None]:
         """The ConfigMap's data and annotations, and its resourceVersion; its uid.
         Raises NotFound."""
         with self._errors(f"read ConfigMap {namespace}/{name}"):
             obj = await self._client.get(ConfigMap, name, namespace=namespace)
         meta = obj.metadata or ObjectMeta()
         view = ConfigMapView(dict(obj.data or {}), dict(meta.annotations or {}))
-        return State(view, meta.resourceVersion), meta.uid
+        return FullRead(view, meta.resourceVersion), meta.uid
 
     def watch_config_map(
         self, namespace: str, name: str, version: str | None, streaming: bool = True

@@ -56,7 +56,7 @@ _QUIET_END_S = 1.0  # a watch ending empty sooner than this counts as a failure
 
 
 @dataclass(frozen=True)
-class State(Generic[T]):
+class FullRead(Generic[T]):
     """What a full read returns; resource_version None when the object does not exist."""
 
     value: T
@@ -70,7 +70,7 @@ class WatchEvent(Generic[T]):
     resource_version: str | None
 
 
-NodeState = State[dict[str, str]]  # a Node's labels
+NodeLabels = FullRead[dict[str, str]]  # a Node's labels
 
 
 class WatchGone(Exception):  # noqa: N818 - named after HTTP 410 Gone
@@ -172,7 +172,7 @@ class Watched:
     name: str
 
 
-Read = Callable[[], Awaitable[State[T]]]
+Read = Callable[[], Awaitable[FullRead[T]]]
 # open_watch(version, streaming): one watch request from `version`; from now when None,
 # as a streaming list when `streaming`.
 OpenWatch = Callable[[str | None, bool], AsyncGenerator[WatchEvent[T], None]]

@@ -4,13 +4,13 @@ from gpuslice.adapters.metrics.accounting import AccountingCollector
 from gpuslice.adapters.metrics.budget import BudgetCollector
 from gpuslice.adapters.metrics.isolation import IsolationCollector
 from gpuslice.adapters.metrics.prometheus import CONTENT_TYPE, PrometheusMetrics
-from gpuslice.adapters.metrics.state import NodeStateCollector
+from gpuslice.adapters.metrics.state import NodeSummaryCollector
 
 __all__ = [
     "CONTENT_TYPE",
     "AccountingCollector",
     "BudgetCollector",
     "IsolationCollector",
-    "NodeStateCollector",
+    "NodeSummaryCollector",
     "PrometheusMetrics",
 ]

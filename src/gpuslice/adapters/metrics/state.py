@@ -10,13 +10,13 @@ from prometheus_client.metrics_core import Metric
 
 from gpuslice.adapters.metrics.labels import GPU, gpu_values
 from gpuslice.adapters.metrics.scrape import ScrapeCollector
-from gpuslice.core.metrics import NodeState
+from gpuslice.core.metrics import NodeSummary
 
 
-class NodeStateCollector(ScrapeCollector[NodeState]):
+class NodeSummaryCollector(ScrapeCollector[NodeSummary]):
     event = "metrics_node_state_failed"
 
-    def render(self, state: NodeState) -> Iterator[Metric]:
+    def render(self, state: NodeSummary) -> Iterator[Metric]:
         yield from self._resources(state)
         yield from self._gpus(state)
         info = GaugeMetricFamily(
@@ -32,7 +32,7 @@ class NodeStateCollector(ScrapeCollector[NodeState]):
             value=1 if state.config_ok else 0,
         )
 
-    def _resources(self, state: NodeState) -> Iterator[Metric]:
+    def _resources(self, state: NodeSummary) -> Iterator[Metric]:
         labels = ["resource"]
         advertised = GaugeMetricFamily(
             "gpuslice_devices_advertised", "Devices advertised to the kubelet.", labels=labels
@@ -51,7 +51,7 @@ class NodeStateCollector(ScrapeCollector[NodeState]):
             registered.add_metric([res.name], 1 if res.registered else 0)
         yield from (advertised, healthy, registered)
 
-    def _gpus(self, state: NodeState) -> Iterator[Metric]:
+    def _gpus(self, state: NodeSummary) -> Iterator[Metric]:
         healthy = GaugeMetricFamily(
             "gpuslice_gpu_healthy",
             "1 while the GPU and every MIG device on it are healthy.",

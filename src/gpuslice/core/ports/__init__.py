@@ -49,7 +49,7 @@ from gpuslice.core.ports.node import (
     FrontEnd,
     FrontEndStep,
     HealthWatch,
-    NodeState,
+    NodeView,
     UnhealthyListener,
 )
 
@@ -81,7 +81,7 @@ __all__ = [
     "MpsHostAbsent",
     "MpsLauncher",
     "NodeApi",
-    "NodeState",
+    "NodeView",
     "PluginEndpoint",
     "PluginHandler",
     "PodCgroups",

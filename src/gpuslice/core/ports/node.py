@@ -34,7 +34,7 @@ T = TypeVar("T")
 # A front-end is one way of telling the kubelet about those devices (the device-plugin
 # API today; DRA next). The agent (services.agent) converges: desired settings go to the
 # node state first, then to each front-end. A new front-end is a new package under
-# gpuslice.frontends implementing FrontEnd over NodeState, plus its lines in wiring.
+# gpuslice.frontends implementing FrontEnd over NodeView, plus its lines in wiring.
 
 # Told each new merged unhealthy set; returns the names of what it serves that changed.
 UnhealthyListener = Callable[[frozenset[str]], Iterable[str]]
@@ -42,7 +42,7 @@ UnhealthyListener = Callable[[frozenset[str]], Iterable[str]]
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """What one front-end is about to serve, as NodeState.plan_devices checked it."""
+    """What one front-end is about to serve, as NodeView.plan_devices checked it."""
 
     by: str  # the front-end's name
     resources: tuple[Resource, ...]
@@ -50,7 +50,7 @@ class DevicePlan:
     daemons: tuple[DaemonPlan, ...] = ()  # the MPS control daemons they need
 
 
-class NodeState(Protocol):
+class NodeView(Protocol):
     """What the node state gives a front-end. One per node, shared by every front-end;
     read and called on the event loop only. Nothing in it is specific to one front-end.
 
@@ -180,7 +180,7 @@ class AgentNode(Protocol):
 class FrontEnd(Protocol):
     """One way the kubelet learns of the node's devices (services.agent drives it).
 
-    It is given the NodeState when it is built, and reports back through `ready`,
+    It is given the NodeView when it is built, and reports back through `ready`,
     `status`, `failed` and `error`. The agent calls `start` once, then `prepare` with each
     new hardware snapshot and settings (before they are committed) and the step it returns
     once they are, `run` beside them after the first step, `stop` at the end (also after

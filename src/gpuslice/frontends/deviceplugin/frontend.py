@@ -29,7 +29,7 @@ from gpuslice.core.ports import (
     DirWatch,
     FrontEndStep,
     Metrics,
-    NodeState,
+    NodeView,
 )
 from gpuslice.core.resources import Resource, build_resources, layout_warnings
 from gpuslice.core.restart import RestartBudget
@@ -51,7 +51,7 @@ REGISTER_S = 10.0  # the longest a successor waits for its registrations to retu
 class DevicePluginFrontEnd:
     def __init__(
         self,
-        node: NodeState,
+        node: NodeView,
         endpoint_factory: EndpointFactory,
         plugin_dir: str,
         *,

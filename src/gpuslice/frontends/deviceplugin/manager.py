@@ -2,7 +2,7 @@
 
 apply() touches only what changed: an unchanged resource keeps its server and
 registration, a changed one sends a new list, a vanished one is stopped (its socket
-removed), a new one is started and registered. Each resource has a Supervisor (its
+removed), a new one is started and registered. Each resource has a PluginSupervisor (its
 module: the node's supervision idiom plus registration) that owns its endpoint's
 lifecycle: kubelet restarts, deleted sockets, Register retries, and servers that
 fail, restarted within the restart budget (core.restart). When one resource spends
@@ -29,13 +29,13 @@ from gpuslice.core.response import AllocateOptions
 from gpuslice.core.restart import RestartBudget
 from gpuslice.core.topology import Topology
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
-from gpuslice.frontends.deviceplugin.supervisor import Supervisor
+from gpuslice.frontends.deviceplugin.supervisor import PluginSupervisor
 from gpuslice.frontends.deviceplugin.supervisor_events import (
     Counters,
     KubeletRestarted,
     MayRegister,
+    PluginState,
     SocketDeleted,
-    State,
     Timing,
 )
 from gpuslice.services import supervision
@@ -67,7 +67,7 @@ class PluginManager:
         self._timing = Timing(clock, sleep)
         self._counters = Counters()
         self._handlers: dict[str, ResourceHandler] = {}
-        self._supervisors: dict[str, Supervisor] = {}
+        self._supervisors: dict[str, PluginSupervisor] = {}
         self._unhealthy: frozenset[str] = frozenset()
         self._may_register = asyncio.Event()
         self._may_register.set()
@@ -89,7 +89,7 @@ class PluginManager:
         return dict(self._handlers)
 
     def registered(self) -> dict[str, bool]:
-        return {n: s.state is State.REGISTERED for n, s in self._supervisors.items()}
+        return {n: s.state is PluginState.REGISTERED for n, s in self._supervisors.items()}
 
     def states(self) -> dict[str, supervision.State]:
         return {n: s.state for n, s in self._supervisors.items()}
@@ -103,7 +103,7 @@ class PluginManager:
         for name in [n for n in self._handlers if n not in wanted]:
             await self._drop(name)
             actions[name] = "removed"
-        fresh: list[Supervisor] = []
+        fresh: list[PluginSupervisor] = []
         for name, res in wanted.items():
             handler = self._handlers.get(name)
             if handler is None:
@@ -169,7 +169,7 @@ class PluginManager:
 
     async def wait_registered(self, timeout_s: float) -> bool:
         """Return True once every resource is registered; False after `timeout_s`."""
-        reached = (s.reached(State.REGISTERED) for s in self._supervisors.values())
+        reached = (s.reached(PluginState.REGISTERED) for s in self._supervisors.values())
         try:
             await asyncio.wait_for(asyncio.gather(*reached), timeout_s)
         except TimeoutError:
@@ -193,8 +193,8 @@ class PluginManager:
     async def stop(self) -> None:
         await asyncio.gather(*(self._drop(name) for name in list(self._handlers)))
 
-    def _supervise(self, name: str, handler: ResourceHandler) -> Supervisor:
-        supervisor = Supervisor(
+    def _supervise(self, name: str, handler: ResourceHandler) -> PluginSupervisor:
+        supervisor = PluginSupervisor(
             name,
             self._factory(handler),
             budget=self._budget,

@@ -31,10 +31,10 @@ from gpuslice.frontends.deviceplugin.supervisor_events import (
     KubeletRestarted,
     MayRegister,
     OnFailed,
+    PluginState,
     RegisterDone,
     RegisterFailed,
     SocketDeleted,
-    State,
     StreamDropped,
     TimerDue,
     Timing,
@@ -44,7 +44,7 @@ from gpuslice.services import supervision
 log = structlog.get_logger("gpuslice.plugins")
 
 
-class Supervisor(supervision.Supervisor):
+class PluginSupervisor(supervision.Supervisor):
     """Keeps one resource's endpoint served and registered; see the module doc."""
 
     _log = log
@@ -74,46 +74,49 @@ class Supervisor(supervision.Supervisor):
     async def _handle_more(self, event: object) -> None:
         state = self.state
         if isinstance(event, KubeletRestarted):
-            if state in (State.REGISTERING, State.REGISTERED) and self.endpoint.current():
+            if (
+                state in (PluginState.REGISTERING, PluginState.REGISTERED)
+                and self.endpoint.current()
+            ):
                 log.info("registration_current", resource=self.name)
-            elif state.up or state is State.BLOCKED:
+            elif state.up or state is PluginState.BLOCKED:
                 await self._restart()
             # BACKING_OFF: the restart after the backoff registers with that kubelet
         elif isinstance(event, SocketDeleted):
             if state.up and self.endpoint.socket_present():
                 return  # an older socket file of ours: ours is in place
-            if state.up or state is State.BLOCKED:
+            if state.up or state is PluginState.BLOCKED:
                 await self._restart()
         elif isinstance(event, StreamDropped):
             # The kubelet serving now dropped us (an older stream of the resource ended
             # after we registered): register again at once. A kubelet restart, which
             # ends every stream too, is left to KubeletRestarted.
-            mine = event.incarnation == self._incarnation and state is State.REGISTERED
+            mine = event.incarnation == self._incarnation and state is PluginState.REGISTERED
             if mine and self.endpoint.current():
                 log.warning("stream_dropped_registering_again", resource=self.name)
                 await self._register()
-        elif isinstance(event, MayRegister) and state is State.SERVING:
+        elif isinstance(event, MayRegister) and state is PluginState.SERVING:
             await self._register()
         elif isinstance(event, RegisterDone) and event.step == self._step:
-            if state is State.REGISTERING:
+            if state is PluginState.REGISTERING:
                 self._attempts = 0
                 self._counters.registrations += 1
                 self._metrics.registered(self.name)
-                self._set(State.REGISTERED)
+                self._set(PluginState.REGISTERED)
                 log.info("resource_registered", resource=self.name)
         elif isinstance(event, RegisterFailed) and event.step == self._step:
-            if state is State.REGISTERING:
+            if state is PluginState.REGISTERING:
                 log.warning("register_failed", resource=self.name, error=event.error)
                 self._attempts += 1
-                self._set(State.SERVING)
+                self._set(PluginState.SERVING)
                 await self._timer(REGISTER_RETRY.delay(self._attempts))
-        elif isinstance(event, TimerDue) and state is State.SERVING:
+        elif isinstance(event, TimerDue) and state is PluginState.SERVING:
             await self._register()
-        elif isinstance(event, TimerDue) and state is State.BLOCKED:
+        elif isinstance(event, TimerDue) and state is PluginState.BLOCKED:
             await self._bring_up()
 
     def _settles(self, state: supervision.State) -> bool:
-        return state not in (State.STARTING, State.REGISTERING)
+        return state not in (PluginState.STARTING, PluginState.REGISTERING)
 
     async def _start_failed(self, exc: Exception) -> bool:
         if not isinstance(exc, SocketTaken):
@@ -121,7 +124,7 @@ class Supervisor(supervision.Supervisor):
         self._blocked += 1
         if self._blocked == 1:
             log.error("plugin_socket_in_use", resource=self.name, error=str(exc))
-        self._set(State.BLOCKED)
+        self._set(PluginState.BLOCKED)
         await self._timer(REGISTER_RETRY.delay(self._blocked))
         return True
 
@@ -134,7 +137,7 @@ class Supervisor(supervision.Supervisor):
             await self._register()
         else:
             log.info("registration_held", resource=self.name)
-            self._set(State.SERVING)
+            self._set(PluginState.SERVING)
 
     async def _take_down(self) -> str | None:
         drops, self._watch_drops = self._watch_drops, None
@@ -161,7 +164,7 @@ class Supervisor(supervision.Supervisor):
         log.error("plugin_stop_failed", resource=self.name, error=str(exc))
 
     async def _register(self) -> None:
-        self._set(State.REGISTERING)
+        self._set(PluginState.REGISTERING)
         await self._spawn(self._register_call)
 
     async def _register_call(self, step: int) -> None:

@@ -23,12 +23,12 @@ __all__ = [
     "KubeletRestarted",
     "MayRegister",
     "OnFailed",
+    "PluginState",
     "RegisterDone",
     "RegisterFailed",
     "ServerDown",
     "SocketDeleted",
     "Start",
-    "State",
     "Stop",
     "StreamDropped",
     "TimerDue",
@@ -36,20 +36,20 @@ __all__ = [
 ]
 
 
-class State(supervision.State):
+class PluginState(supervision.State):
     """The base states, and a plugin server's own between its start and registration."""
 
     __slots__ = ()
-    REGISTERING: ClassVar[State]  # serving, a Register call in flight
-    SERVING: ClassVar[State]  # serving, not registered, a Register retry due
-    REGISTERED: ClassVar[State]
-    BLOCKED: ClassVar[State]  # another plugin serves our socket path
+    REGISTERING: ClassVar[PluginState]  # serving, a Register call in flight
+    SERVING: ClassVar[PluginState]  # serving, not registered, a Register retry due
+    REGISTERED: ClassVar[PluginState]
+    BLOCKED: ClassVar[PluginState]  # another plugin serves our socket path
 
 
-State.REGISTERING = State("registering", up=True)
-State.SERVING = State("serving", up=True)
-State.REGISTERED = State("registered", up=True)
-State.BLOCKED = State("blocked")
+PluginState.REGISTERING = PluginState("registering", up=True)
+PluginState.SERVING = PluginState("serving", up=True)
+PluginState.REGISTERED = PluginState("registered", up=True)
+PluginState.BLOCKED = PluginState("blocked")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import Limit
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
-from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeState, TimeSlicer
+from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeView, TimeSlicer
 from gpuslice.frontends.dra.claim_state import ClaimState, Planned
 from gpuslice.services.claim_shares import ClaimShares
 
@@ -64,7 +64,7 @@ class DraDriver(ClaimState):
         *,
         node: str,
         opts: DraOptions,
-        view: NodeState,
+        view: NodeView,
         api: DraApi,
         checkpoint: ClaimCheckpoint,
         specs: ClaimSpecs,

@@ -35,7 +35,7 @@ from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.metrics import ResourceState
-from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeState
+from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeView
 from gpuslice.core.resources import build_resources
 from gpuslice.core.restart import Backoff, jittered
 from gpuslice.core.settings import Settings
@@ -53,7 +53,7 @@ NAME = "dra"
 class DraFrontEnd:
     def __init__(
         self,
-        node: NodeState,
+        node: NodeView,
         driver: DraDriver,
         publisher: SlicePublisher,
         endpoint: DraEndpoint,
