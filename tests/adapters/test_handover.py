@@ -10,10 +10,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from kubelet_fakes import FakeHandler, exists, make_resource, read_json, short_dir
+from kubelet_fakes import FakeHandler, exists, make_resource, read_json
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.deviceplugin import server as server_module
@@ -24,17 +23,6 @@ from gpuslice.adapters.deviceplugin.streamlock import STREAMS_FILE
 from gpuslice.testing.kubelet import KubeletStandin
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
-    async with KubeletStandin(plugin_dir) as standin:
-        yield standin
 
 
 async def _serve(kubelet: KubeletStandin, socket_name: str) -> DevicePluginServer:

@@ -7,22 +7,17 @@ client becomes current only once connected. Over real unix sockets."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from kubelet_fakes import FakeHandler, make_resource, short_dir
+from kubelet_fakes import FakeHandler, make_resource
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
 from gpuslice.testing.kubelet import KubeletStandin
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
 
 
 @pytest.fixture

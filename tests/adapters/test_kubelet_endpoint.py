@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 
 import pytest
-from kubelet_fakes import FakeHandler, make_resource, short_dir
+from kubelet_fakes import FakeHandler, make_resource
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer, KubeletEndpoint, RegistrationError
 from gpuslice.adapters.deviceplugin.dirlock import (
@@ -26,11 +25,6 @@ from gpuslice.core.ports import SocketTaken
 from gpuslice.testing.kubelet import KubeletStandin
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
 
 
 def _endpoint(plugin_dir: str) -> KubeletEndpoint:

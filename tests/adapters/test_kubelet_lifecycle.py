@@ -5,27 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from kubelet_fakes import FakeHandler, exists, make_resource, open_fds, short_dir
+from kubelet_fakes import FakeHandler, exists, make_resource, open_fds
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fswatch import CREATED, DELETED, DirEvent, DirWatcher
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
-    async with KubeletStandin(plugin_dir) as standin:
-        yield standin
 
 
 async def _serve(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from kubelet_fakes import FakeHandler, exists, make_resource, short_dir
+from kubelet_fakes import FakeHandler, exists, make_resource
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer, RegistrationError
 from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
@@ -18,11 +18,6 @@ from gpuslice.core.response import ContainerAllocation, DeviceSpec, Mount
 from gpuslice.testing.kubelet import KubeletStandin
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from kubelet_fakes import FakeHandler, make_resource, read_json, short_dir
+from kubelet_fakes import FakeHandler, make_resource, read_json
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.deviceplugin.api import pb, pb_grpc
@@ -22,17 +22,6 @@ from gpuslice.testing.kubelet import (
 )
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
-    async with KubeletStandin(plugin_dir) as standin:
-        yield standin
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from kubelet_fakes import FakeHandler, make_resource, short_dir
+from kubelet_fakes import FakeHandler, make_resource
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.deviceplugin.liveness import PROBE_S, serves_device_plugin
@@ -41,11 +41,6 @@ async def _http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 
 
 SQUATTERS: dict[str, Squat] = {"silent": _silent, "garbage": _garbage, "http1": _http1}
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    yield from short_dir()
 
 
 @pytest.fixture
