@@ -13,21 +13,10 @@ import pytest
 
 from gpuslice.adapters.cgroup_tree import PodCgroupTree
 from gpuslice.adapters.nvml import NvmlBackend
-from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import ENFORCING, Limit, detect
 
 pytestmark = pytest.mark.gpu
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-@pytest.fixture
-def backend() -> Iterator[NvmlBackend]:
-    try:
-        opened = NvmlBackend.open()
-    except BackendError as exc:
-        pytest.skip(f"NVML does not load here: {exc}")
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

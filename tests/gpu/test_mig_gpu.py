@@ -4,25 +4,12 @@ Reads only: this test never changes a GPU's MIG mode or layout."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gpuslice.adapters.nvml import NvmlBackend
-from gpuslice.core.errors import BackendError
 from gpuslice.core.mig import MEMORY_SLICES, MigError
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def backend() -> Iterator[NvmlBackend]:
-    try:
-        opened = NvmlBackend.open()
-    except BackendError as exc:
-        pytest.skip(f"NVML does not load here: {exc}")
-    yield opened
-    opened.close()
 
 
 def test_each_mig_capable_gpu_reports_profiles_with_placements(backend: NvmlBackend) -> None:

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from gpuslice.adapters.nvml import NvmlBackend
-from gpuslice.core.errors import BackendError
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def backend() -> Iterator[NvmlBackend]:
-    try:
-        opened = NvmlBackend.open()
-    except BackendError as exc:
-        pytest.skip(f"NVML does not load here: {exc}")
-    yield opened
-    opened.close()
 
 
 def test_every_gpu_is_registered_for_health_events(backend: NvmlBackend) -> None:
