@@ -102,6 +102,10 @@ async def test_a_clean_plugin_restart_never_leaves_a_stale_stream(
     srv = await _serve(kubelet, plugin_dir, handler)
     for _ in range(3):
         await srv.stop(1)
+        # Clean: the kubelet has seen the stream end (its endpoint stopped) before the next
+        # registration, as the agent's hand-over waits for; the other order is the race
+        # test_an_old_instance_ending_after_a_new_one_registered_drops_the_resource shows.
+        await kubelet.wait_for(lambda k: k.endpoint(GPU) is None)
         srv = await _serve(kubelet, plugin_dir, handler)
         await kubelet.wait_for(lambda k: k.node_status().allocatable[GPU] == 2)
     assert kubelet.stale_streams == []
