@@ -10,6 +10,7 @@ drive and observe it. Every wait is on a condition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,7 +18,7 @@ import shutil
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +31,7 @@ from gpuslice.services.node import Node
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring.agent import Parts, device_plugin_of, parts
-from gpuslice.wiring.node import build_node
+from gpuslice.wiring.node import build_node, node_api
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -263,3 +264,24 @@ async def start_mig_mixed(kubelet: KubeletStandin, launcher: AgentLauncher) -> R
     await running.registered(kubelet)
     assert len(running.served) == 4
     return running
+
+
+@contextlib.asynccontextmanager
+async def node_running(
+    opts: RunOptions, kubelet: KubeletStandin, serves: Mapping[str, int], timeout_s: float
+) -> AsyncIterator[Node]:
+    """The node of `opts` run over its Kubernetes API, once the kubelet stand-in sees it
+    serve `serves`; stopped and its API client closed on the way out."""
+    api = node_api(opts)
+    assert api is not None
+    node = build_node(opts, api)
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.run(stop))
+    try:
+        await kubelet.wait_for(lambda k: serving(k, serves), timeout_s)
+        yield node
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, STOP_TIMEOUT_S)
+        await api.aclose()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_harness import GPU, STOP_TIMEOUT_S, serving
+from agent_harness import GPU, node_running
 from mps_harness import kill_daemons, mps_config
 from process_harness import run_once
 
@@ -24,7 +24,6 @@ from gpuslice.services.node import Node
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.cgroups import CgroupTree, r615_node
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.wiring.node import build_node, node_api
 
 NODE = "gpu-node-3"
 NAMESPACE = "gpu-operator"
@@ -86,19 +85,10 @@ async def cluster(
         },
         fake_hardware=node_file,
     )
-    api = node_api(opts)
-    assert api is not None
-    node = build_node(opts, api)
-    stop = asyncio.Event()
-    task = asyncio.create_task(node.run(stop))
     try:
-        await kubelet.wait_for(lambda k: serving(k, {GPU: 16}), 20)
-        yield Cluster(server, node, flags)
+        async with node_running(opts, kubelet, {GPU: 16}, 20) as node:
+            yield Cluster(server, node, flags)
     finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, STOP_TIMEOUT_S)
-        await api.aclose()
         await server.close()
 
 

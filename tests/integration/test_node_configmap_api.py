@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from agent_harness import GPU, STOP_TIMEOUT_S, registrations, serving
+from agent_harness import GPU, node_running, registrations, serving
 from node_harness import CONFIGS, NAMESPACE, NODE, REJECTED, WITHIN_S, time_slicing
 
 from gpuslice.adapters.kube.rbac import RULES, Rule
@@ -146,19 +146,10 @@ async def cluster_of(
         },
         fake_hardware=hardware,
     )
-    api = node_api(opts)
-    assert api is not None
-    node = build_node(opts, api)
-    stop = asyncio.Event()
-    task = asyncio.create_task(node.run(stop))
     try:
-        await kubelet.wait_for(lambda k: serving(k, expect), 10)
-        yield Cluster(server, node, dict(data), default)
+        async with node_running(opts, kubelet, expect, 10) as node:
+            yield Cluster(server, node, dict(data), default)
     finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, STOP_TIMEOUT_S)
-        await api.aclose()
         await server.close()
 
 
