@@ -4,6 +4,7 @@ whose stderr log is followed line by line."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuslice.config.flags import FLAGS
 
@@ -117,3 +119,17 @@ class AgentProcess:
     @property
     def log(self) -> str:
         return "\n".join(self.lines)
+
+
+async def http_json(port: int, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+    """GET `path` from an agent's status port on loopback: the status code and the JSON."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout_s)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)

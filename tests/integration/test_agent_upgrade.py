@@ -16,7 +16,6 @@ connected) the old agent is dropped and the successor registers after that, as b
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -25,7 +24,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from agent_harness import GPU, AgentLauncher, registrations, serving
-from process_harness import AgentProcess, clean_env
+from process_harness import AgentProcess, clean_env, http_json
 
 from gpuslice.adapters.deviceplugin import DevicePluginServer
 from gpuslice.adapters.fake import load_spec
@@ -55,17 +54,6 @@ async def _agent(
     proc = await AgentProcess.start(argv, env=clean_env(POD_NAME=pod))
     processes.append(proc)
     return proc
-
-
-async def _readyz(port: int) -> tuple[int, dict[str, object]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /readyz HTTP/1.1\r\nHost: agent\r\n\r\n")
-        raw = await asyncio.wait_for(reader.read(), HANG_S)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
 
 
 class _Admissions:
@@ -152,7 +140,7 @@ async def _roll(
     new = await _agent(processes, plugin_dir, "gpuslice-new", *status)
     await new.wait_for_line("plugin_dir_locked_waiting", HANG_S)
     # Both listen on the port (SO_REUSEPORT); the kernel spreads connections over them.
-    answers = [await _readyz(port) for _ in range(40)]
+    answers = [await http_json(port, "/readyz", HANG_S) for _ in range(40)]
     assert {code for code, _ in answers} == {200}
     plugin = [body["device-plugin"] for _, body in answers]
     waiting = [p["waiting"] for p in plugin if "waiting" in p]
@@ -175,7 +163,7 @@ async def _roll(
           f"failed: {pods.failed}")  # fmt: skip
     assert registrations(kubelet)[GPU] == 2
     assert pods.admitted > 10
-    code, body = await _readyz(port)
+    code, body = await http_json(port, "/readyz", HANG_S)
     assert (code, "waiting" in body["device-plugin"]) == (200, False)
     new.signal(signal.SIGTERM)
     rc, _ = await new.wait(HANG_S)

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from agent_harness import GPU, remove_dir, serving, short_dir
-from process_harness import AgentProcess, clean_env
+from process_harness import AgentProcess, clean_env, http_json
 
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
@@ -53,19 +51,6 @@ class Member:
     kubelet: KubeletStandin
     proc: AgentProcess
     port: int = 0
-
-
-async def readyz(port: int) -> tuple[int, Any]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /readyz HTTP/1.1\r\nHost: probe\r\n\r\n")
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
 
 
 @contextlib.asynccontextmanager
@@ -138,7 +123,7 @@ async def test_a_fleet_started_against_a_slow_api_waits_serves_what_it_can_and_c
 
             async def refused(m: Member) -> None:
                 await m.proc.wait_for_line("api_first_read_waiting", WITHIN_S)
-                code, body = await readyz(m.port)
+                code, body = await http_json(m.port, "/readyz")
                 assert code == 503, body
                 detail = body["config"]["detail"]
                 assert detail.startswith(
@@ -149,7 +134,7 @@ async def test_a_fleet_started_against_a_slow_api_waits_serves_what_it_can_and_c
             async def served_alone(m: Member) -> None:  # the config file needs no API
                 await m.kubelet.wait_for(lambda k: serving(k, {GPU: 2}), WITHIN_S)
                 await m.proc.wait_for_line("labels_failed", WITHIN_S)
-                code, body = await readyz(m.port)
+                code, body = await http_json(m.port, "/readyz")
                 assert code == 200, body  # labels are retried and reported, never a reason
                 assert body["labels"]["ok"] is False, body
                 assert "unreachable" in body["labels"]["detail"], body
@@ -165,7 +150,7 @@ async def test_a_fleet_started_against_a_slow_api_waits_serves_what_it_can_and_c
                 await m.proc.wait_for_lines("api_first_read_waiting", 2, WITHIN_S)
                 waits = [ln for ln in m.proc.lines if "api_first_read_waiting" in ln]
                 assert "ReadTimeout" in waits[1], waits
-                code, body = await readyz(m.port)
+                code, body = await http_json(m.port, "/readyz")
                 assert code == 503, body
                 assert "ReadTimeout" in body["config"]["detail"], body
 
@@ -187,7 +172,7 @@ async def test_a_fleet_started_against_a_slow_api_waits_serves_what_it_can_and_c
             await each(everyone, labelled)
             assert len(server.features) == PER_NODE + FILE
             for m in everyone:
-                code, body = await readyz(m.port)
+                code, body = await http_json(m.port, "/readyz")
                 assert code == 200, body
             alive(everyone)
             for m in everyone:

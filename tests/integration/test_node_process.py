@@ -5,35 +5,20 @@ the port it picked, following an edit of the ConfigMap and a broken entry."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 from agent_harness import GPU, registrations, serving
 from node_harness import CONFIGS, time_slicing
-from process_harness import AgentProcess, run_once
+from process_harness import AgentProcess, http_json, run_once
 
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 
 ADDRESS = re.compile(r"address='?(127\.0\.0\.1):(\d+)")
-
-
-async def _http_get(port: int, path: str) -> tuple[int, Any]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
 
 
 async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports_readiness(
@@ -58,7 +43,7 @@ async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports
     port = int(match.group(2))
     await kubelet.wait_for(lambda k: serving(k, {GPU: 16}), 10)
 
-    status, body = await _http_get(port, "/readyz")
+    status, body = await http_json(port, "/readyz")
     assert status == 200, body
     assert body["ready"] is True
     assert body["device-plugin"]["resources"] == {GPU: True}
@@ -67,7 +52,7 @@ async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports
         "ok": True,
         "detail": "label nvidia.com/device-plugin.config unset; default config",
     }
-    assert await _http_get(port, "/healthz") == (200, {"ok": True})
+    assert await http_json(port, "/healthz") == (200, {"ok": True})
 
     write_configmap_volume(str(configs), {**CONFIGS, "ts-4": time_slicing(2)})
     await kubelet.wait_for(lambda k: serving(k, {GPU: 8}), 10)
@@ -75,7 +60,7 @@ async def test_run_in_node_mode_without_a_cluster_serves_the_default_and_reports
 
     write_configmap_volume(str(configs), {**CONFIGS, "ts-4": "version: v2\n"})
     await proc.wait_for_line("config_rejected_keeping_last_good")
-    status, body = await _http_get(port, "/readyz")
+    status, body = await http_json(port, "/readyz")
     assert status == 200  # still serving the last good config
     assert body["config"]["ok"] is False
     assert body["config"]["config"] == "ts-4"
