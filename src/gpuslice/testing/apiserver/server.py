@@ -169,11 +169,12 @@ class FakeApiServer:
         if self._server is not None:
             self._server.close()
             self._server = None
-        for task in list(self._handlers):
-            task.cancel()
-        for task in list(self._handlers):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Cancelled again until it ends: on 3.11 a wait_for whose item arrives with the
+        # cancellation returns the item and drops the cancellation (the stream then waits on).
+        while self._handlers:
+            for task in list(self._handlers):
+                task.cancel()
+            await asyncio.wait(list(self._handlers), timeout=0.1)
 
     async def restart(
         self, down: asyncio.Event | None = None, warming: asyncio.Event | None = None
