@@ -103,11 +103,13 @@ class Cluster:
         with self.events.open("a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
 
-    async def start(
-        self, nodes: NodeLauncher, backend: FakeBackend | None = None
-    ) -> RunningNode:
+    async def start(self, nodes: NodeLauncher, backend: FakeBackend | None = None) -> RunningNode:
         def shared(chosen: Parts) -> Parts:  # one simulated machine across agents
-            return chosen if backend is None else dataclasses.replace(chosen, open_backend=lambda: backend)
+            return (
+                chosen
+                if backend is None
+                else dataclasses.replace(chosen, open_backend=lambda: backend)
+            )
 
         return await nodes.start(
             str(self.hardware),
@@ -163,7 +165,8 @@ async def test_a_label_makes_the_layout_and_serves_it_live_leaving_the_other_gpu
         WITHIN_S,
     )
     ready, details = running.node.readiness()
-    assert ready and details["migManager"] == {"ok": True, "detail": "a100-balanced: success"}
+    assert ready
+    assert details["migManager"] == {"ok": True, "detail": "a100-balanced: success"}
 
 
 async def test_a_held_device_keeps_its_gpu_pending_naming_the_pod_until_it_is_gone(
@@ -183,7 +186,8 @@ async def test_a_held_device_keeps_its_gpu_pending_naming_the_pod_until_it_is_go
     assert "by pod ml/train-0" in mig(running).reason
     assert "infer-0" not in mig(running).reason  # a device on an unchanged GPU holds nothing
     (event,) = [e for e in cluster.api.events if e.reason == "MigConfigPending"][-1:]
-    assert "pod ml/train-0" in event.message and event.type == "Warning"
+    assert "pod ml/train-0" in event.message
+    assert event.type == "Warning"
     assert serving(kubelet, {MIG_1G: 7, H100_1G: 7})  # nothing destroyed
 
     await kubelet.release("ml/train-0")
@@ -203,12 +207,15 @@ async def test_a_restart_after_an_apply_cut_short_converges(
     first = await cluster.start(nodes, machine)
     await settled(first, FAILED)  # the mode changed, then the first create failed
     mig_control = machine.mig_control()
-    assert mig_control.mig_mode(a100) == (True, True) and mig_control.instances(a100) == ()
+    assert mig_control.mig_mode(a100) == (True, True)
+    assert mig_control.instances(a100) == ()
     await first.shutdown()
 
     second = await cluster.start(nodes, machine)
     await settled(second, SUCCESS, "a100-balanced")
-    await kubelet.wait_for(lambda k: serving(k, {GPU: 1, MIG_1G: 2, MIG_2G: 1, MIG_3G: 1}), WITHIN_S)
+    await kubelet.wait_for(
+        lambda k: serving(k, {GPU: 1, MIG_1G: 2, MIG_2G: 1, MIG_3G: 1}), WITHIN_S
+    )
 
 
 async def test_an_ampere_mode_change_waits_for_an_idle_gpu(
@@ -251,7 +258,10 @@ async def test_a_bad_config_is_refused_in_one_line_and_nothing_changes(
     cluster.label(config)
     await settled(running, FAILED, config)
     reason = mig(running).reason
-    assert problem in reason and "\n" not in reason
+    assert problem in reason
+    assert "\n" not in reason
     assert reasons(cluster) == ["MigConfigFailed"]
-    assert serving(kubelet, {GPU: 2}) and kubelet.updates(GPU) == updates
-    assert kubelet.endpoint(MIG_1G) is None and kubelet.endpoint(MIG_3G) is None
+    assert serving(kubelet, {GPU: 2})
+    assert kubelet.updates(GPU) == updates
+    assert kubelet.endpoint(MIG_1G) is None
+    assert kubelet.endpoint(MIG_3G) is None
