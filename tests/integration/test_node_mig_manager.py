@@ -2,9 +2,10 @@
 kubelet stand-in (with PodResources) on a simulated A100-40GB (GPU 0) and H100-80GB
 (GPU 1): the label names a config, the state goes pending then success, and the new MIG
 resources are advertised live while the untouched GPU keeps its device and its
-registration; a device a pod holds keeps its GPU pending, naming the pod, until the pod
-is gone; a restart after an apply cut short converges; an Ampere mode change waits for
-an idle GPU; a bad config is refused in one line and nothing changes."""
+registration; an edit of the mounted file is followed without a label change; a device a
+pod holds keeps its GPU pending, naming the pod, until the pod is gone; a restart after an
+apply cut short converges; an Ampere mode change waits for an idle GPU; a bad config is
+refused in one line and nothing changes."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.fake.nodefile import parse_node
 from gpuslice.core.mig_reconcile import CONFIG_LABEL, FAILED, PENDING, STATE_LABEL, SUCCESS
 from gpuslice.services.mig_manager import MigManager
+from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring.agent import Parts
@@ -87,13 +89,18 @@ async def nodes(plugin_dir: str, tmp_path: Path) -> AsyncIterator[NodeLauncher]:
 
 class Cluster:
     def __init__(self, work: Path, plugin_dir: str, hardware: str = NODE_FILE) -> None:
-        self.mig_parted = work / "mig" / "config.yaml"
-        self.mig_parted.parent.mkdir()
-        self.mig_parted.write_text(MIG_PARTED)
+        self.mounted = work / "mig"  # the ConfigMap's volume, as the kubelet writes it
+        self.mounted.mkdir()
+        self.edit(MIG_PARTED)
+        self.mig_parted = self.mounted / "config.yaml"
         self.hardware = work / "node.yaml"
         self.hardware.write_text(hardware)
         self.events = Path(plugin_dir) / "events.jsonl"
         self.api = MemoryNodeApi({NODE: {}})
+
+    def edit(self, text: str) -> None:
+        """The ConfigMap edited: the kubelet swaps `..data` in the mounted volume."""
+        write_configmap_volume(str(self.mounted), {"config.yaml": text})
 
     def label(self, value: str | None) -> None:
         """`kubectl label node <node> nvidia.com/mig.config=<value>`."""
@@ -265,3 +272,18 @@ async def test_a_bad_config_is_refused_in_one_line_and_nothing_changes(
     assert kubelet.updates(GPU) == updates
     assert kubelet.endpoint(MIG_1G) is None
     assert kubelet.endpoint(MIG_3G) is None
+
+
+async def test_an_edit_of_the_mounted_file_is_followed_without_a_label_change(
+    kubelet: KubeletStandin, nodes: NodeLauncher, tmp_path: Path, plugin_dir: str
+) -> None:
+    cluster = Cluster(tmp_path, plugin_dir)
+    cluster.label("later")
+    running = await cluster.start(nodes)
+    await settled(running, FAILED, "later")
+    assert 'no config "later"' in mig(running).reason
+
+    cluster.edit(MIG_PARTED + "  later:\n    - devices: [1]\n      mig-enabled: true\n"
+                 '      mig-devices: {"3g.40gb": 2}\n')  # fmt: skip
+    await settled(running, SUCCESS, "later")
+    await kubelet.wait_for(lambda k: serving(k, {GPU: 1, "nvidia.com/mig-3g.40gb": 2}), WITHIN_S)

@@ -40,7 +40,7 @@ from gpuslice.core.mig_reconcile import (
     state_labels,
 )
 from gpuslice.core.ports import DirWatch, GpuBackend, MigControl, PodResources
-from gpuslice.core.waiting import first_of
+from gpuslice.core.waiting import first_of, unless_stopped
 from gpuslice.services.config_selector import NodeLabelSource
 from gpuslice.services.node_devices import NodeDevices
 
@@ -110,8 +110,12 @@ class MigManager:
         try:
             while not stop.is_set():
                 self._poked.clear()
-                again = await self.reconcile()
-                if not again:
+                # A pass cut short by `stop` (the agent no longer serves the refresh) is
+                # taken up again by the next start: it reconciles.
+                done = await unless_stopped(self.reconcile(), stop)
+                if done is None:
+                    return
+                if not done.result():
                     wait = self._retry if self.state == PENDING else self._interval
                     await first_of(stop.wait(), self._poked.wait(), timeout_s=wait)
         finally:
