@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_harness import GPU, pod_resources_socket, registrations, serving
+from agent_harness import GPU, STOP_TIMEOUT_S, pod_resources_socket, registrations, serving
 from node_harness import NODE, NodeLauncher, RunningNode
 
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.fake.nodefile import parse_node
+from gpuslice.core.mig import GpuInstance
 from gpuslice.core.mig_reconcile import CONFIG_LABEL, FAILED, PENDING, STATE_LABEL, SUCCESS
 from gpuslice.services.mig_manager import MigManager
 from gpuslice.testing.configmap import write_configmap_volume
@@ -287,3 +289,32 @@ async def test_an_edit_of_the_mounted_file_is_followed_without_a_label_change(
                  '      mig-devices: {"3g.40gb": 2}\n')  # fmt: skip
     await settled(running, SUCCESS, "later")
     await kubelet.wait_for(lambda k: serving(k, {GPU: 1, "nvidia.com/mig-3g.40gb": 2}), WITHIN_S)
+
+
+class GatedCreates(FakeBackend):
+    """The simulated driver, whose creates wait until the test lets them go (a real create
+    takes about a second)."""
+
+    def __init__(self, node_file: str, events: str) -> None:
+        super().__init__(parse_node(node_file, "node.yaml"), events)
+        self.creating, self.go = threading.Event(), threading.Event()
+
+    def create(self, gpu_uuid: str, profile: str, start: int) -> GpuInstance:
+        self.creating.set()
+        self.go.wait(WITHIN_S)
+        return super().create(gpu_uuid, profile, start)
+
+
+async def test_a_stop_in_the_middle_of_an_apply_stops_the_node(
+    kubelet: KubeletStandin, nodes: NodeLauncher, tmp_path: Path, plugin_dir: str
+) -> None:
+    """The pass is cut short (the next start takes it up): it never waits on an agent
+    that no longer serves."""
+    cluster = Cluster(tmp_path, plugin_dir)
+    machine = GatedCreates(NODE_FILE, str(cluster.events))
+    cluster.label("a100-balanced")
+    running = await cluster.start(nodes, machine)
+    assert await asyncio.to_thread(machine.creating.wait, WITHIN_S)
+    running.stop.set()
+    machine.go.set()
+    await asyncio.wait_for(running.task, STOP_TIMEOUT_S)
