@@ -26,7 +26,7 @@ from gpuslice.core.mig import GpuInstance
 from gpuslice.core.mig_reconcile import CONFIG_LABEL, FAILED, PENDING, STATE_LABEL, SUCCESS
 from gpuslice.services.mig_manager import MigManager
 from gpuslice.testing.configmap import write_configmap_volume
-from gpuslice.testing.kubelet import KubeletStandin
+from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring.agent import Parts
 
@@ -318,3 +318,30 @@ async def test_a_stop_in_the_middle_of_an_apply_stops_the_node(
     running.stop.set()
     machine.go.set()
     await asyncio.wait_for(running.task, STOP_TIMEOUT_S)
+
+
+async def test_the_devices_of_a_gpu_being_changed_are_withdrawn_before_its_steps(
+    kubelet: KubeletStandin, nodes: NodeLauncher, tmp_path: Path, plugin_dir: str
+) -> None:
+    """No pod is given a device about to go: the changing GPU's devices are Unhealthy
+    from before its first step until the new ones are served; the other GPU's stay."""
+    cluster = Cluster(tmp_path, plugin_dir)
+    machine = GatedCreates(NODE_FILE, str(cluster.events))
+    machine.go.set()
+    cluster.label("all-1g")
+    running = await cluster.start(nodes, machine)
+    await settled(running, SUCCESS, "all-1g")
+    await kubelet.wait_for(lambda k: serving(k, {MIG_1G: 7, H100_1G: 7}), WITHIN_S)
+
+    machine.go.clear()
+    machine.creating.clear()
+    cluster.label("a100-3g")
+    assert await asyncio.to_thread(machine.creating.wait, WITHIN_S)  # destroyed, creating
+    await kubelet.wait_for(lambda k: k.node_status().allocatable[MIG_1G] == 0, WITHIN_S)
+    with pytest.raises(AdmissionError):
+        await kubelet.admit("late", {"main": {MIG_1G: 1}})
+    assert serving(kubelet, {H100_1G: 7})
+
+    machine.go.set()
+    await kubelet.wait_for(lambda k: serving(k, {MIG_3G: 2, H100_1G: 7}), WITHIN_S)
+    await settled(running, SUCCESS, "a100-3g")

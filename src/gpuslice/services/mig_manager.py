@@ -53,6 +53,7 @@ EVENT_REASONS = {
     SUCCESS: "MigConfigApplied",
     FAILED: "MigConfigFailed",
 }
+HOLD_BY = "migManager"  # NodeDevices.hold: the devices of GPUs being changed
 Pods = Callable[[], AbstractAsyncContextManager[PodResources]]
 Observed = tuple[list[MigGpu], frozenset[str]]
 
@@ -144,8 +145,7 @@ class MigManager:
             gpus, busy = await self._devices.on_backend(_observe)
             plans = plan_layout(entries, gpus)
             if any(p.steps for p in plans):  # who holds what matters only for a change
-                used = await self._holders()
-                plans = plan_layout(entries, [replace(g, holders=used) for g in gpus])
+                plans = plan_layout(entries, await self._held(gpus))
         except ConfigError as exc:
             await self._set(FAILED, str(exc))
             return False
@@ -156,21 +156,43 @@ class MigManager:
         if not verdict.run:
             await self._set(verdict.state, verdict.reason)
             return False
-        await self._set(PENDING, verdict.reason or "applying")
+        # The devices of the GPUs that change are withdrawn (Unhealthy) first, and who holds
+        # what is read once more: no pod is given a device that is about to go.
+        self._devices.hold(_devices_of(verdict.run, gpus), by=HOLD_BY)
         try:
-            for plan in verdict.run:
+            verdict = decide(plan_layout(entries, await self._held(gpus)), busy)
+            await self._set(PENDING, verdict.reason or "applying")
+            return await self._apply(name, verdict.run)
+        except BackendError as exc:
+            await self._set(PENDING, f"the GPUs cannot be read: {exc}")
+            return False
+        finally:
+            self._devices.hold(frozenset(), by=HOLD_BY)
+
+    async def _apply(self, name: str, plans: tuple[GpuPlan, ...]) -> bool:
+        """Each GPU's steps, then the agent serves what the GPUs now have."""
+        if not plans:
+            return False
+        state, problem = PENDING, ""
+        try:
+            for plan in plans:
                 log.info("mig_layout_applying", config=name, gpu=plan.index, steps=len(plan.steps))
                 await self._devices.on_backend(partial(_execute, plan=plan))
         except MigError as exc:
-            waits = exc.code in (IN_USE, RESET_REQUIRED)
-            await self._set(PENDING if waits else FAILED, str(exc))
-            return False
+            state, problem = (PENDING if exc.code in (IN_USE, RESET_REQUIRED) else FAILED), str(exc)
         except BackendError as exc:
-            await self._set(FAILED, str(exc))
-            return False
-        finally:
-            await self._serve_new_devices()
-        return True
+            state, problem = FAILED, str(exc)
+        # Served after a refusal too (steps before it ran); not once cut short by a stop,
+        # when the agent no longer serves.
+        await self._serve_new_devices()
+        if problem:
+            await self._set(state, problem)
+        return not problem
+
+    async def _held(self, gpus: list[MigGpu]) -> list[MigGpu]:
+        """`gpus` with who holds their devices now (the kubelet's PodResources)."""
+        used = await self._holders()
+        return [replace(g, holders=used) for g in gpus]
 
     async def _holders(self) -> dict[str, tuple[str, ...]]:
         snapshot = await self._devices.read()
@@ -224,6 +246,16 @@ def _observe(backend: GpuBackend) -> Observed:
         else:
             gpus.append(MigGpu(gpu))
     return gpus, busy_gpus(backend.processes())
+
+
+def _devices_of(plans: tuple[GpuPlan, ...], gpus: list[MigGpu]) -> frozenset[str]:
+    """The GPU and MIG device UUIDs of the GPUs `plans` change."""
+    changing = {p.uuid for p in plans}
+    found = set(changing)
+    for node in gpus:
+        if node.gpu.uuid in changing:
+            found.update(m.uuid for m in node.gpu.mig_devices)
+    return frozenset(found)
 
 
 def _execute(backend: GpuBackend, plan: GpuPlan) -> None:
