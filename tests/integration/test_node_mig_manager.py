@@ -345,3 +345,19 @@ async def test_the_devices_of_a_gpu_being_changed_are_withdrawn_before_its_steps
     machine.go.set()
     await kubelet.wait_for(lambda k: serving(k, {MIG_3G: 2, H100_1G: 7}), WITHIN_S)
     await settled(running, SUCCESS, "a100-3g")
+
+
+async def test_without_podresources_no_gpu_changes(
+    plugin_dir: str, nodes: NodeLauncher, tmp_path: Path
+) -> None:
+    """Who holds what unknown (the kubelet serves no PodResources): every change waits."""
+    cluster = Cluster(tmp_path, plugin_dir)
+    async with KubeletStandin(plugin_dir) as kubelet:  # no PodResources socket
+        running = await cluster.start(nodes)
+        await kubelet.wait_for(lambda k: serving(k, {GPU: 2}))
+        cluster.label("a100-balanced")
+        await settled(running, PENDING, "a100-balanced")
+        assert "which pods hold the GPUs' devices cannot be read" in mig(running).reason
+        assert serving(kubelet, {GPU: 2})
+        assert kubelet.endpoint(MIG_1G) is None
+        await running.shutdown()

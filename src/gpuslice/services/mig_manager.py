@@ -150,7 +150,7 @@ class MigManager:
             await self._set(FAILED, str(exc))
             return False
         except BackendError as exc:
-            await self._set(PENDING, f"the GPUs cannot be read: {exc}")
+            await self._set(PENDING, str(exc))
             return False
         verdict = decide(plans, busy)
         if not verdict.run:
@@ -164,7 +164,7 @@ class MigManager:
             await self._set(PENDING, verdict.reason or "applying")
             return await self._apply(name, verdict.run)
         except BackendError as exc:
-            await self._set(PENDING, f"the GPUs cannot be read: {exc}")
+            await self._set(PENDING, str(exc))
             return False
         finally:
             self._devices.hold(frozenset(), by=HOLD_BY)
@@ -196,8 +196,11 @@ class MigManager:
 
     async def _holders(self) -> dict[str, tuple[str, ...]]:
         snapshot = await self._devices.read()
-        async with self._pods() as pods:
-            listed = await pods.list()
+        try:
+            async with self._pods() as pods:
+                listed = await pods.list()
+        except Exception as exc:  # no change while who holds what is unknown
+            raise BackendError(f"which pods hold the GPUs' devices cannot be read: {exc}") from exc
         return holders(listed, snapshot)
 
     async def _serve_new_devices(self) -> None:
