@@ -22,6 +22,8 @@ from node_harness import NODE, NodeLauncher, RunningNode
 
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.fake.nodefile import parse_node
+from gpuslice.config.options import resolve_options
+from gpuslice.core.errors import ConfigError
 from gpuslice.core.mig import GpuInstance
 from gpuslice.core.mig_reconcile import CONFIG_LABEL, FAILED, PENDING, STATE_LABEL, SUCCESS
 from gpuslice.services.mig_manager import MigManager
@@ -29,6 +31,7 @@ from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring.agent import Parts
+from gpuslice.wiring.node import build_node
 
 WITHIN_S = 30.0
 MIG_1G, MIG_2G, MIG_3G = "nvidia.com/mig-1g.5gb", "nvidia.com/mig-2g.10gb", "nvidia.com/mig-3g.20gb"
@@ -361,3 +364,17 @@ async def test_without_podresources_no_gpu_changes(
         assert serving(kubelet, {GPU: 2})
         assert kubelet.endpoint(MIG_1G) is None
         await running.shutdown()
+
+
+def test_the_file_is_named_by_flag_or_env_var_and_needs_the_node_to_follow(
+    tmp_path: Path,
+) -> None:
+    by_env = resolve_options({}, {"MIG_PARTED_CONFIG_FILE": "/etc/mig/config.yaml"}, command="run")
+    assert by_env.mig_parted_config == "/etc/mig/config.yaml"
+    assert resolve_options({}, {}, command="run").mig_parted_config == ""
+    opts = resolve_options(
+        {"mig-parted-config": str(tmp_path / "config.yaml"), "kubelet-socket": ""},
+        fake_hardware="t4",
+    )
+    with pytest.raises(ConfigError, match=r"^--mig-parted-config \(MIG_PARTED_CONFIG_FILE\) "):
+        build_node(opts, None)
