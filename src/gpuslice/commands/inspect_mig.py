@@ -1,8 +1,8 @@
 """`gpuslice inspect --mig-parted-config F --mig-config NAME`: what a mig-parted layout
 would do on some hardware, without changing it: per GPU the GPU instances it would
-destroy and create (profile and placement), those it keeps, the MIG mode change, and the
-resources the device plugin would then advertise, each computed by the agent's own code.
-The GPUs are only read (profiles, placements, instances)."""
+destroy and create (profile and placement), those it keeps, the MIG mode change, the
+processes a change would wait for, and the resources the device plugin would then
+advertise, each computed by the agent's own code. The GPUs are only read."""
 
 from __future__ import annotations
 
@@ -35,8 +35,18 @@ def inspect_mig(opts: RunOptions, path: str, name: str) -> dict[str, Any]:
         mig = backend.mig_control()
         if mig is None and any(g.mig_capable for g in snapshot.gpus):
             raise ConfigError("this GPU backend cannot read MIG profiles")
+        holders = {
+            d.uuid: tuple(f"pid {p.pid}" for p in d.processes)
+            for g in backend.processes().gpus
+            for d in g.devices
+        }
         gpus = [
-            MigGpu(g, mig.profiles(g.uuid), mig.instances(g.uuid) if g.mig_enabled else ())
+            MigGpu(
+                g,
+                mig.profiles(g.uuid),
+                mig.instances(g.uuid) if g.mig_enabled else (),
+                holders,
+            )
             if mig is not None and g.mig_capable
             else MigGpu(g)
             for g in snapshot.gpus
@@ -69,6 +79,7 @@ def _gpu(node: MigGpu, plan: GpuPlan, after: Gpu, served: list[dict[str, Any]]) 
         "named": plan.wanted is not None,  # a config entry names the GPU
         "migEnabled": node.gpu.mig_enabled,
         "migEnabledAfter": after.mig_enabled,
+        "held": plan.held,  # the change waits for these processes to end
         "modeChangeResets": any(m.resets for m in modes),
         "destroy": [
             _instance(s.profile, s.placement, s.gi) for s in plan.steps if isinstance(s, Destroy)
@@ -93,6 +104,7 @@ def render_mig_table(report: dict[str, Any]) -> str:
     lines = [f"mig-parted config {where['config']} of {where['file']}:"]
     for g in report["gpus"]:
         lines.append(f"GPU {g['index']} ({g['name']}): {_change(g)}")
+        lines += [f"  waits for: {g['held'].rsplit('in use: ', 1)[-1]}"] if g["held"] else []
         lines += [f"  destroy {_at(i)}, GPU instance {i['gi']}" for i in g["destroy"]]
         lines += [f"  create {_at(i)}" for i in g["create"]]
         lines += [f"  unchanged {_at(i)}, GPU instance {i['gi']}" for i in g["unchanged"]]

@@ -93,9 +93,10 @@ def _entries(gpus: list[list[MigProfileSpec]]) -> list[str]:
     layouts: dict[tuple[tuple[str, int], ...], list[int]] = {}
     for index, gpu in enumerate(gpus):
         layouts.setdefault(tuple(Counter(s.name for s in gpu).items()), []).append(index)
-    lines = []
     if len(layouts) > 1:
-        lines.append(f"    # {len(gpus)} GPUs: a node's GPU i takes the layout naming i")
+        lines = [f"    # {len(gpus)} GPUs: a node's GPU i takes the layout naming i"]
+    else:
+        lines = [f"    # {len(gpus)} GPU{'s' if len(gpus) > 1 else ''} of this layout"]
     for layout, indexes in layouts.items():
         devices = "all" if len(layouts) == 1 else json.dumps(indexes)
         lines += [f"    - devices: {devices}", "      mig-enabled: true", "      mig-devices:"]
