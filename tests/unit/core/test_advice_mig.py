@@ -86,6 +86,7 @@ def test_no_workload_fitting_mig_is_one_error() -> None:
 def test_packing_respects_instance_counts_slices_and_placements() -> None:
     one, three, four = (SPECS[n] for n in ("1g.10gb", "3g.20gb", "4g.20gb"))
     assert fits([four, three], 7)
-    assert not fits([one] * 5, 7)  # 1g.10gb: 4 at most
+    assert not fits([one] * 5, 7)  # 1g.10gb: 4 placements
+    assert not fits([SPECS["1g.5gb+me"]] * 2, 7)  # 7 placements, but one at a time
     assert not fits([three, three, SPECS["1g.5gb"]], 7)  # memory slices all taken
     assert [len(g) for g in pack([SPECS["1g.5gb"]] * 15, 7)] == [7, 7, 1]
