@@ -40,6 +40,9 @@ class DraOptions:
     # Publish the MIG devices of MIG-enabled GPUs, as NVIDIA's DRA driver does (it has no
     # MIG strategy), whatever the device plugin's migStrategy; False: follow it.
     mig_devices: bool = True
+    # Publish every MIG placement of the GPUs DRA partitions as a device consuming the
+    # GPU's shared counters, and create the instance in prepare (core.dra.partitions).
+    dynamic_mig: bool = False
 
     @property
     def cdi_kind(self) -> str:

@@ -15,13 +15,20 @@ now (an I/O error) is not taken for an empty one: calls refuse until it reads ag
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import structlog
 
 from gpuslice.core.dra.claim_cdi import spec_claim_uid, spec_file_name
-from gpuslice.core.dra.claims import ClaimError, ClaimRef, PreparedClaim, allocated_here
+from gpuslice.core.dra.claims import (
+    ClaimError,
+    ClaimRef,
+    ClaimSharing,
+    PreparedClaim,
+    allocated_here,
+)
 from gpuslice.core.dra.devices import DraDevice, DraOptions
+from gpuslice.core.dra.partitions import Partition
 from gpuslice.core.errors import BackendError, BadCheckpoint
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi
 from gpuslice.frontends.dra.recovery import Recovery
@@ -37,6 +44,8 @@ class Planned:
     text: str  # its CDI spec
     devices: tuple[DraDevice, ...]
     interval: str | None  # a TimeSlicing interval asked for
+    sharing: ClaimSharing = field(default_factory=ClaimSharing)
+    partitions: tuple[Partition, ...] = ()  # its partitionable MIG devices
 
 
 class ClaimState:

@@ -1,0 +1,174 @@
+"""Partitionable MIG devices (--dra-dynamic-mig, Kubernetes DRAPartitionableDevices): every
+placement a GPU's MIG profiles allow is published as a device that consumes the GPU's
+shared counters, as NVIDIA's DRA driver publishes them.
+
+A GPU's counter set (`<gpu name>-counter-set`) holds its multiprocessors, engines and
+memory (the largest any profile has) and one `memory-slice-<i>` per memory slice. A
+partition consumes its profile's values and the memory slices of its placement; the whole
+GPU consumes every counter. So the scheduler never hands out two overlapping placements,
+nor a partition together with the whole GPU. Names carry the profile ID and the start:
+gpu-0000-07-00-0-mig-1g5gb-19-3.
+
+Which GPUs DRA partitions (`owned`): MIG-capable GPUs with MIG on (or of an architecture
+that turns it on without a reset) whose devices no resource kept on the device-plugin API
+holds; one GPU is served by one of the two at a time. The whole GPU is published where
+MIG mode can be turned off without a reset (Hopper and later) only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuslice.core.devices import Gpu, HardwareSnapshot
+from gpuslice.core.dra.devices import (
+    GPU,
+    MIG,
+    DraDevice,
+    Json,
+    _common,
+    _gpu_attributes,
+    _gpu_cap,
+    _label,
+    _string,
+    gpu_name,
+)
+from gpuslice.core.mig import MEMORY_SLICES, RESETLESS_ARCHITECTURES, MigProfileSpec, Placement
+from gpuslice.core.resources import Resource
+from gpuslice.core.sharing import NONE
+
+ENGINES = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """A published device of a partitioned GPU: one placement of a profile, or (profile
+    "", placement None) the whole GPU."""
+
+    device: DraDevice
+    counter_set: str
+    consumes: Mapping[str, int]  # counter -> amount
+    profile: str = ""
+    gi_profile_id: int = -1
+    placement: Placement | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.placement is None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedGpu:
+    gpu: Gpu
+    counters: Mapping[str, int]  # the counter set's capacities
+    partitions: tuple[Partition, ...]
+
+    @property
+    def counter_set(self) -> str:
+        return counter_set_name(self.gpu)
+
+
+def counter_set_name(gpu: Gpu) -> str:
+    return f"{gpu_name(gpu)}-counter-set"
+
+
+def partition_name(gpu: Gpu, spec: MigProfileSpec, placement: Placement) -> str:
+    return f"{gpu_name(gpu)}-mig-{_label(spec.name)}-{spec.gi_profile_id}-{placement.start}"
+
+
+def owned(
+    snapshot: HardwareSnapshot,
+    device_plugin: Iterable[Resource],
+    *,
+    ours: Collection[str] = (),
+) -> tuple[Gpu, ...]:
+    """The GPUs DRA partitions: MIG-capable, MIG on or able to turn it on without a reset,
+    and none of whose devices (other than the MIG devices `ours`, which DRA created) a
+    resource kept on the device-plugin API holds."""
+    held = {
+        adv.gpu_uuid
+        for res in device_plugin
+        for adv in res.devices
+        if not (adv.is_mig and adv.physical_id in ours)
+    }
+    return tuple(
+        g
+        for g in snapshot.gpus
+        if g.mig_capable
+        and (g.mig_enabled or g.architecture in RESETLESS_ARCHITECTURES)
+        and g.uuid not in held
+    )
+
+
+def partition_gpu(
+    snapshot: HardwareSnapshot, gpu: Gpu, table: Sequence[MigProfileSpec]
+) -> PartitionedGpu:
+    """The counter set and devices of `gpu` from its MIG profile table."""
+    counters: dict[str, int] = {}
+    for spec in table:
+        for key, value in _amounts(spec).items():
+            counters[key] = max(counters.get(key, 0), value)
+    counters.update({f"memory-slice-{i}": 1 for i in range(MEMORY_SLICES)})
+    common = _common(snapshot, gpu)
+    name = counter_set_name(gpu)
+    out: list[Partition] = []
+    if gpu.architecture in RESETLESS_ARCHITECTURES:
+        whole = DraDevice(
+            name=gpu_name(gpu), uuid=gpu.uuid, gpu_uuid=gpu.uuid, kind=GPU, index=str(gpu.index),
+            resource="", sharing=NONE, replicas=1, paths=(gpu.device_path,),
+            attributes={**_gpu_attributes(gpu), **common}, capacity=_gpu_cap(gpu),
+        )  # fmt: skip
+        out.append(Partition(whole, name, dict(counters)))
+    for spec in table:
+        amounts = {k: v for k, v in _amounts(spec).items() if v}
+        capacity = {k: str(v) for k, v in amounts.items() if k != "memory"}
+        capacity["memory"] = f"{spec.memory_mib}Mi"
+        for placement in spec.placements:
+            used = {f"memory-slice-{i}": 1 for i in range(placement.start, placement.end)}
+            device = DraDevice(
+                name=partition_name(gpu, spec, placement), uuid="", gpu_uuid=gpu.uuid,
+                kind=MIG, index=f"{gpu.index}", resource="", sharing=NONE, replicas=1,
+                paths=(gpu.device_path,),
+                attributes={"type": _string(MIG), "parentUUID": _string(gpu.uuid),
+                            "profile": _string(spec.name), **common},
+                capacity=capacity,
+            )  # fmt: skip
+            out.append(
+                Partition(
+                    device, name, {**amounts, **used}, spec.name, spec.gi_profile_id, placement
+                )
+            )
+    out.sort(key=lambda p: p.device.name)
+    return PartitionedGpu(gpu, counters, tuple(out))
+
+
+def _amounts(spec: MigProfileSpec) -> dict[str, int]:
+    e = spec.engines
+    values = (e.copy, e.decoder, e.encoder, e.jpeg, e.ofa)
+    return {
+        "multiprocessors": spec.multiprocessors,
+        **dict(zip(ENGINES, values, strict=True)),
+        "memory": spec.memory_mib,
+    }
+
+
+def _quantity(counter: str, value: int) -> Json:
+    return {"value": f"{value}Mi" if counter == "memory" else str(value)}
+
+
+def counter_set_json(gpu: PartitionedGpu) -> Json:
+    counters = {k: _quantity(k, v) for k, v in gpu.counters.items() if v}
+    return {"name": gpu.counter_set, "counters": counters}
+
+
+def with_counters(entries: Iterable[Json], partitions: Mapping[str, Partition]) -> list[Json]:
+    """The device entries, each partition's with its consumesCounters."""
+    out = []
+    for entry in entries:
+        found = partitions.get(str(entry["name"]))
+        if found is not None:
+            counters = {k: _quantity(k, v) for k, v in found.consumes.items() if v}
+            entry = {**entry, "consumesCounters": [
+                {"counterSet": found.counter_set, "counters": counters}]}  # fmt: skip
+        out.append(entry)
+    return out
