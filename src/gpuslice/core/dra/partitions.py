@@ -18,7 +18,7 @@ MIG mode can be turned off without a reset (Hopper and later) only.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.dra.devices import (
@@ -159,6 +159,37 @@ def _quantity(counter: str, value: int) -> Json:
 def counter_set_json(gpu: PartitionedGpu) -> Json:
     counters = {k: _quantity(k, v) for k, v in gpu.counters.items() if v}
     return {"name": gpu.counter_set, "counters": counters}
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioned:
+    """What DRA partitions: GPU UUID -> its counters and devices."""
+
+    gpus: Mapping[str, PartitionedGpu] = field(default_factory=dict)
+
+    @property
+    def by_name(self) -> dict[str, Partition]:
+        return {p.device.name: p for g in self.gpus.values() for p in g.partitions}
+
+    def served(self, devices: Iterable[DraDevice]) -> list[DraDevice]:
+        """`devices` (the node's others) with the partitioned GPUs' devices in place of
+        theirs (their MIG devices as they are now are not published)."""
+        others = [d for d in devices if d.gpu_uuid not in self.gpus]
+        return others + [p.device for p in self.by_name.values()]
+
+    def publish(self, entries: Iterable[Json]) -> tuple[list[Json], list[Json]]:
+        """The device entries with their consumption, and the counter sets."""
+        sets = [counter_set_json(self.gpus[g]) for g in sorted(self.gpus)]
+        return with_counters(entries, self.by_name), sets
+
+
+def partition_node(
+    snapshot: HardwareSnapshot, gpus: Iterable[Gpu], tables: Mapping[str, Sequence[MigProfileSpec]]
+) -> Partitioned:
+    """The partitions of `gpus` (`owned`) that have a MIG profile table."""
+    return Partitioned(
+        {g.uuid: partition_gpu(snapshot, g, tables[g.uuid]) for g in gpus if tables.get(g.uuid)}
+    )
 
 
 def with_counters(entries: Iterable[Json], partitions: Mapping[str, Partition]) -> list[Json]:

@@ -12,7 +12,7 @@ on or off where that needs a GPU reset (Ampere).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -20,7 +20,7 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraDevice
-from gpuslice.core.dra.partitions import Partition, PartitionedGpu, owned, partition_gpu
+from gpuslice.core.dra.partitions import Partition, Partitioned, owned, partition_node
 from gpuslice.core.errors import BackendError
 from gpuslice.core.mig import (
     NOT_FOUND,
@@ -43,17 +43,6 @@ class OnBackend(Protocol):
 
 
 Key = tuple[str, str, int]  # (GPU UUID, profile, placement start)
-
-
-@dataclass
-class Partitioned:
-    """What DRA partitions now: GPU UUID -> its counters and devices."""
-
-    gpus: dict[str, PartitionedGpu] = field(default_factory=dict)
-
-    @property
-    def by_name(self) -> dict[str, Partition]:
-        return {p.device.name: p for g in self.gpus.values() for p in g.partitions}
 
 
 def _control(backend: GpuBackend) -> MigControl:
@@ -87,12 +76,7 @@ class MigInstances:
             control = _control(backend)
             return {g.uuid: control.profiles(g.uuid) for g in gpus}
 
-        found = await self._call(tables)
-        out = Partitioned()
-        for gpu in gpus:
-            if found.get(gpu.uuid):
-                out.gpus[gpu.uuid] = partition_gpu(snapshot, gpu, found[gpu.uuid])
-        return out
+        return partition_node(snapshot, gpus, await self._call(tables))
 
     async def create(self, part: Partition) -> DraDevice:
         """The partition's instance (MIG turned on first where that needs no reset), as

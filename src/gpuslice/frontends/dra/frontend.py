@@ -31,7 +31,6 @@ import structlog
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraDevice, Json, build_devices, dra_settings
-from gpuslice.core.dra.partitions import counter_set_json, with_counters
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.front_ends import dra_resources
@@ -122,12 +121,10 @@ class DraFrontEnd:
         assert mig is not None
         keys = [k for c in self.driver.prepared.values() for k in c.instances]
         mig.now = await mig.plan(snapshot, kept, keys)
-        parts = mig.now.by_name
         if mig.now.gpus:
             log.info("dra_dynamic_mig_gpus", gpus=",".join(sorted(mig.now.gpus)),
-                     devices=len(parts))  # fmt: skip
-        whole = [d for d in devices if d.gpu_uuid not in mig.now.gpus]
-        return whole + [p.device for p in parts.values()]
+                     devices=len(mig.now.by_name))  # fmt: skip
+        return mig.now.served(devices)
 
     async def _look_up_toolkit(self, find: Callable[[], ToolkitDevices]) -> None:
         self._use_toolkit(await asyncio.to_thread(find))
@@ -272,9 +269,7 @@ class DraFrontEnd:
             )
             counters: list[Json] = []
             if self.driver.mig is not None:
-                now = self.driver.mig.now
-                entries = with_counters(entries, now.by_name)
-                counters = [counter_set_json(now.gpus[g]) for g in sorted(now.gpus)]
+                entries, counters = self.driver.mig.now.publish(entries)
             if await self.publisher.publish(entries, counters) or attempt:
                 self.published.set()
                 self.published = asyncio.Event()
