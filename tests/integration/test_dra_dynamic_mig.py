@@ -155,6 +155,24 @@ async def test_a_restart_mid_prepare_destroys_the_instance_no_completed_claim_ow
         assert sorted(i.placement.start for i in await instances(rig, 0)) == [0, 4]
 
 
+async def test_a_checkpoint_rebuilt_from_the_api_server_names_the_instance_as_it_is(
+    root: str, tmp_path: Path
+) -> None:
+    async with dra_rig(root, tmp_path, hardware=HARDWARE, opts=DYNAMIC) as rig:
+        await rig.published(lambda d: THREE_AT_4 in d)
+        claim = rig.put_claim("three", THREE_AT_4)
+        (device,) = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].devices
+        before = rig.kubelet.resolve_cdi(device.cdi_ids)["deviceNodes"]
+        await rig.stop()
+        await asyncio.to_thread(Path(rig.plugin_dir, "checkpoint.json").write_bytes, b"bad")
+        await rig.start()
+        await rig.kubelet.discover(DRIVER)
+        await rig.frontend.driver.settled.wait()
+        assert claim[1] in rig.checkpoint()["claims"]
+        assert rig.kubelet.resolve_cdi(device.cdi_ids)["deviceNodes"] == before
+        assert [i.placement.start for i in await instances(rig, 0)] == [4]
+
+
 async def test_instances_of_a_gpu_the_device_plugin_serves_are_never_touched(
     root: str, tmp_path: Path
 ) -> None:

@@ -81,6 +81,11 @@ class ClaimState:
                     ) -> Planned:  # fmt: skip
         raise NotImplementedError  # DraDriver's
 
+    async def _rebuilt_text(self, planned: Planned) -> str:
+        """The spec of a claim rebuilt from the API server (DraDriver: naming its MIG
+        instances as they are). Raises ClaimError."""
+        return planned.text
+
     async def restore(self) -> None:
         """At start, before the sockets are ours: the claims prepared before, and their
         pods' memory limits, known before anything else runs. Nothing is changed on
@@ -165,10 +170,11 @@ class ClaimState:
                 continue
             try:
                 planned = await self._plan(ref, obj, recovering=True)
+                text = await self._rebuilt_text(planned)
             except ClaimError as exc:
                 log.warning("dra_claim_not_rebuilt", claim=str(ref), uid=ref.uid, error=str(exc))
                 continue
-            rebuilt[ref.uid] = (replace(planned.claim, completed=True), planned.text)
+            rebuilt[ref.uid] = (replace(planned.claim, completed=True), text)
         try:
             for claim, text in rebuilt.values():
                 await self._specs.write(claim.spec, text)

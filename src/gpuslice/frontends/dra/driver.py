@@ -241,6 +241,24 @@ class DraDriver(ClaimState):
             control_devices=self._control,
         )
 
+    async def _rebuilt_text(self, planned: Planned) -> str:
+        """A claim rebuilt from the API server: its spec names its MIG instances as they
+        are (a partition whose instance is gone is not rebuilt)."""
+        if not planned.partitions or self.mig is None:
+            return planned.text
+        by_name = {p.device.name: p for p in planned.partitions}
+        concrete = []
+        for device in planned.devices:
+            part = by_name.get(device.name)
+            try:
+                found = device if part is None else await self.mig.find(part)
+            except BackendError as exc:
+                raise ClaimError(f"claim {planned.claim.ref}: {exc}") from None
+            if found is None:
+                raise ClaimError(f"claim {planned.claim.ref}: no MIG instance at {device.name}")
+            concrete.append(found)
+        return self._spec_text(planned.claim.ref.uid, concrete, planned.sharing)
+
     async def _create_instances(self, ref: ClaimRef, planned: Planned) -> str:
         """The claim's MIG instances made at their placements; its spec's text naming
         them. Raises BackendError."""

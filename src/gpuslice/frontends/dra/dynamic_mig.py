@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -26,7 +26,6 @@ from gpuslice.core.mig import (
     NOT_FOUND,
     GpuInstance,
     MigError,
-    MigProfileSpec,
     mode_change_resets,
 )
 from gpuslice.core.ports import GpuBackend, MigControl
@@ -64,19 +63,11 @@ class MigInstances:
         `keys` are the claims' instances, whose MIG devices are DRA's own."""
         starts = {(g, s) for g, _, s in keys}
         capable = [g.uuid for g in snapshot.gpus if g.mig_capable]
-
-        def ours(backend: GpuBackend) -> set[str]:
-            control = _control(backend)
-            return {i.uuid for g in capable for i in control.instances(g)
-                    if (g, i.placement.start) in starts}  # fmt: skip
-
-        gpus = owned(snapshot, device_plugin, ours=await self._call(ours))
-
-        def tables(backend: GpuBackend) -> dict[str, tuple[MigProfileSpec, ...]]:
-            control = _control(backend)
-            return {g.uuid: control.profiles(g.uuid) for g in gpus}
-
-        return partition_node(snapshot, gpus, await self._call(tables))
+        found = await self._call(partial(_each, capable, "instances"))
+        ours = {i.uuid for g, got in found.items() for i in got if (g, i.placement.start) in starts}
+        gpus = owned(snapshot, device_plugin, ours=ours)
+        tables = await self._call(partial(_each, [g.uuid for g in gpus], "profiles"))
+        return partition_node(snapshot, gpus, tables)
 
     async def create(self, part: Partition) -> DraDevice:
         """The partition's instance (MIG turned on first where that needs no reset), as
@@ -90,16 +81,27 @@ class MigInstances:
         def create(backend: GpuBackend) -> tuple[GpuInstance, tuple[str, ...]]:
             _mode(backend, gpu_uuid, enabled=True)
             made = _control(backend).create(gpu_uuid, part.profile, start)
-            snapshot = backend.snapshot()
-            gpu = next(g for g in snapshot.gpus if g.uuid == gpu_uuid)
-            mig = next((m for m in gpu.mig_devices if m.uuid == made.uuid), None)
-            return made, (gpu.device_path, *(mig.cap_paths if mig else ()))
+            return made, _paths(backend, gpu_uuid, made.uuid)
 
         made, paths = await self._call(create)
         log.info("dra_mig_created", gpu=gpu_uuid, profile=part.profile, start=start, gi=made.gi,
                  uuid=made.uuid)  # fmt: skip
-        return replace(part.device, uuid=made.uuid, index=f"{part.device.index}:{made.gi}",
-                       paths=paths)  # fmt: skip
+        return _concrete(part, made, paths)
+
+    async def find(self, part: Partition) -> DraDevice | None:
+        """The partition's instance as it is now (a claim rebuilt from the API server); None
+        when there is none at its placement. Raises BackendError."""
+        gpu_uuid = part.device.gpu_uuid
+        if part.placement is None:
+            return part.device
+        start = part.placement.start
+
+        def find(backend: GpuBackend) -> tuple[GpuInstance, tuple[str, ...]] | None:
+            there = [i for i in _control(backend).instances(gpu_uuid) if i.placement.start == start]
+            return (there[0], _paths(backend, gpu_uuid, there[0].uuid)) if there else None
+
+        found = await self._call(find)
+        return None if found is None else _concrete(part, *found)
 
     async def destroy(self, keys: Iterable[Key]) -> None:
         """Destroy the instances at these placements (done when none is there)."""
@@ -119,6 +121,18 @@ class MigInstances:
                             start=inst.placement.start, gi=inst.gi)  # fmt: skip
 
 
+def _paths(backend: GpuBackend, gpu_uuid: str, mig_uuid: str) -> tuple[str, ...]:
+    """The parent's device node and the MIG device's capability nodes."""
+    gpu = next(g for g in backend.snapshot().gpus if g.uuid == gpu_uuid)
+    mig = next((m for m in gpu.mig_devices if m.uuid == mig_uuid), None)
+    return (gpu.device_path, *(mig.cap_paths if mig else ()))
+
+
+def _concrete(part: Partition, made: GpuInstance, paths: tuple[str, ...]) -> DraDevice:
+    index = f"{part.device.index}:{made.gi}"
+    return replace(part.device, uuid=made.uuid, index=index, paths=paths)
+
+
 def _mode(backend: GpuBackend, gpu_uuid: str, *, enabled: bool) -> None:
     """MIG mode as wanted, changed only where that needs no GPU reset."""
     control = _control(backend)
@@ -128,6 +142,19 @@ def _mode(backend: GpuBackend, gpu_uuid: str, *, enabled: bool) -> None:
     if gpu is None or mode_change_resets(gpu.architecture):
         raise BackendError(f"MIG mode of GPU {gpu_uuid} is not {'on' if enabled else 'off'}")
     control.set_mig_mode(gpu_uuid, enabled)
+
+
+def _each(gpus: Sequence[str], call: str, backend: GpuBackend) -> dict[str, Any]:
+    """`call` ("instances" or "profiles") of each GPU; one that fails is left out (not
+    partitioned), said in one line."""
+    control = _control(backend)
+    out = {}
+    for gpu in gpus:
+        try:
+            out[gpu] = getattr(control, call)(gpu)
+        except BackendError as exc:
+            log.warning("dra_mig_unreadable", gpu=gpu, call=call, error=str(exc))
+    return out
 
 
 def _instances(backend: GpuBackend, *, gpu_uuid: str) -> tuple[GpuInstance, ...]:
