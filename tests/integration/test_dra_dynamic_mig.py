@@ -30,6 +30,7 @@ THREE_AT_4 = f"{G0}-mig-3g20gb-9-4"
 ONE_AT_5 = f"{G0}-mig-1g5gb-19-5"  # overlaps THREE_AT_4 (memory slices 4..7)
 ONE_AT_0 = f"{G0}-mig-1g5gb-19-0"
 DYNAMIC = DraOptions(dynamic_mig=True)
+UNHEALTHY = 2  # the kubelet's health stream
 
 
 @pytest.fixture
@@ -199,6 +200,11 @@ async def test_an_unhealthy_gpu_taints_each_of_its_partitions(root: str, tmp_pat
         assert len(parts) > 20
         assert all(d.get("taints") for d in parts)
         assert not devices[G1].get("taints")
+        health = await rig.kubelet.wait_health(
+            DRIVER, lambda h: h.get((NODE, ONE_AT_0), (0, ""))[0] == UNHEALTHY
+        )
+        sick = {name for (_, name), (state, _) in health.items() if state == UNHEALTHY}
+        assert sick == {name for name in devices if name.startswith(f"{G0}-")}
         claim = rig.put_claim("sick", ONE_AT_0)
         refused = (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]]
         assert "unhealthy" in refused.error
