@@ -85,6 +85,8 @@ def test_every_placement_is_a_device_with_nvidias_names_and_the_whole_gpu_on_hop
     assert attrs["parentUUID"] == {"string": b.gpu_uuid(0)}
     assert one.consumes["memory-slice-4"] == one.consumes["memory-slice-7"] == 1
     assert "memory-slice-3" not in one.consumes
+    assert one.device.capacity["copyEngines"] == "3"  # named as a MIG device's capacity
+    assert "memory-slice-4" not in one.device.capacity
 
 
 def test_overlapping_placements_and_a_partition_beside_the_whole_gpu_never_fit() -> None:

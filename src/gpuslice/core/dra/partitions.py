@@ -22,22 +22,21 @@ from dataclasses import dataclass, field
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.dra.devices import (
-    GPU,
     MIG,
     DraDevice,
     Json,
-    _common,
-    _gpu_attributes,
-    _gpu_cap,
-    _label,
-    _string,
     gpu_name,
+    name_label,
+    partition_attributes,
+    whole_gpu,
 )
 from gpuslice.core.mig import MEMORY_SLICES, RESETLESS_ARCHITECTURES, MigProfileSpec, Placement
 from gpuslice.core.resources import Resource
 from gpuslice.core.sharing import NONE
 
 ENGINES = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
+CAPACITY = {"copy-engines": "copyEngines", "jpeg-engines": "jpegEngines",
+            "ofa-engines": "ofaEngines"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,7 @@ def counter_set_name(gpu: Gpu) -> str:
 
 
 def partition_name(gpu: Gpu, spec: MigProfileSpec, placement: Placement) -> str:
-    return f"{gpu_name(gpu)}-mig-{_label(spec.name)}-{spec.gi_profile_id}-{placement.start}"
+    return f"{gpu_name(gpu)}-mig-{name_label(spec.name)}-{spec.gi_profile_id}-{placement.start}"
 
 
 def owned(
@@ -109,19 +108,14 @@ def partition_gpu(
         for key, value in _amounts(spec).items():
             counters[key] = max(counters.get(key, 0), value)
     counters.update({f"memory-slice-{i}": 1 for i in range(MEMORY_SLICES)})
-    common = _common(snapshot, gpu)
     name = counter_set_name(gpu)
     out: list[Partition] = []
     if gpu.architecture in RESETLESS_ARCHITECTURES:
-        whole = DraDevice(
-            name=gpu_name(gpu), uuid=gpu.uuid, gpu_uuid=gpu.uuid, kind=GPU, index=str(gpu.index),
-            resource="", sharing=NONE, replicas=1, paths=(gpu.device_path,),
-            attributes={**_gpu_attributes(gpu), **common}, capacity=_gpu_cap(gpu),
-        )  # fmt: skip
-        out.append(Partition(whole, name, dict(counters)))
+        out.append(Partition(whole_gpu(snapshot, gpu), name, dict(counters)))
     for spec in table:
         amounts = {k: v for k, v in _amounts(spec).items() if v}
-        capacity = {k: str(v) for k, v in amounts.items() if k != "memory"}
+        # the capacity a MIG device has (core.dra.devices' names), the counters' values
+        capacity = {CAPACITY.get(k, k): str(v) for k, v in amounts.items() if k != "memory"}
         capacity["memory"] = f"{spec.memory_mib}Mi"
         for placement in spec.placements:
             used = {f"memory-slice-{i}": 1 for i in range(placement.start, placement.end)}
@@ -129,8 +123,7 @@ def partition_gpu(
                 name=partition_name(gpu, spec, placement), uuid="", gpu_uuid=gpu.uuid,
                 kind=MIG, index=f"{gpu.index}", resource="", sharing=NONE, replicas=1,
                 paths=(gpu.device_path,),
-                attributes={"type": _string(MIG), "parentUUID": _string(gpu.uuid),
-                            "profile": _string(spec.name), **common},
+                attributes=partition_attributes(snapshot, gpu, spec.name),
                 capacity=capacity,
             )  # fmt: skip
             out.append(
