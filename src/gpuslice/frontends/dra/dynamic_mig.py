@@ -22,12 +22,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraDevice
 from gpuslice.core.dra.partitions import Partition, Partitioned, owned, partition_node
 from gpuslice.core.errors import BackendError
-from gpuslice.core.mig import (
-    NOT_FOUND,
-    GpuInstance,
-    MigError,
-    mode_change_resets,
-)
+from gpuslice.core.mig import NOT_FOUND, GpuInstance, MigError, mode_change_resets
 from gpuslice.core.ports import GpuBackend, MigControl
 from gpuslice.core.resources import Resource
 
@@ -62,8 +57,8 @@ class MigInstances:
         """The GPUs to partition and their devices (profile tables read on the worker);
         `keys` are the claims' instances, whose MIG devices are DRA's own."""
         starts = {(g, s) for g, _, s in keys}
-        capable = [g.uuid for g in snapshot.gpus if g.mig_capable]
-        found = await self._call(partial(_each, capable, "instances"))
+        enabled = [g.uuid for g in snapshot.gpus if g.mig_capable and g.mig_enabled]
+        found = await self._call(partial(_each, enabled, "instances"))
         ours = {i.uuid for g, got in found.items() for i in got if (g, i.placement.start) in starts}
         gpus = owned(snapshot, device_plugin, ours=ours)
         tables = await self._call(partial(_each, [g.uuid for g in gpus], "profiles"))
