@@ -108,6 +108,32 @@ async def test_prepare_creates_the_instance_at_its_placement_and_unprepare_destr
         assert await rig.kubelet.unprepare(DRIVER, [claim]) == {uid: ""}  # idempotent
 
 
+async def test_on_hopper_a_partition_turns_mig_on_and_the_whole_gpu_turns_it_off(
+    root: str, tmp_path: Path
+) -> None:
+    h0 = "gpu-0000-1b-00-0"
+    async with dra_rig(root, tmp_path, hardware="dgx-h100", opts=DYNAMIC) as rig:
+        devices = await rig.published(lambda d: f"{h0}-mig-7g80gb-0-0" in d)
+        assert devices[h0]["consumesCounters"]  # the whole GPU, beside its partitions
+
+        async def mode() -> bool:
+            return await rig.health.devices.on_backend(
+                lambda b: b.mig_control().mig_mode(rig.gpu(0))[0]  # type: ignore[union-attr]
+            )
+
+        assert not await mode()
+        part = rig.put_claim("part", f"{h0}-mig-2g20gb-14-2")
+        assert (await rig.kubelet.prepare(DRIVER, [part]))[part[1]].error == ""
+        assert await mode()
+        assert [i.profile for i in await instances(rig, 0)] == ["2g.20gb"]
+        assert await rig.kubelet.unprepare(DRIVER, [part]) == {part[1]: ""}
+        whole = rig.put_claim("whole", h0)
+        result = (await rig.kubelet.prepare(DRIVER, [whole]))[whole[1]]
+        assert result.error == ""
+        assert not await mode()
+        assert "/dev/nvidia0" in rig.kubelet.resolve_cdi(result.devices[0].cdi_ids)["deviceNodes"]
+
+
 class StuckSpecs(ClaimSpecDir):
     """A spec directory whose writes never finish once `stuck` (an agent stopped between
     creating the instance and writing the claim's spec)."""
