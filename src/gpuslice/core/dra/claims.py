@@ -91,6 +91,9 @@ class PreparedClaim:
     # when prepared, and (GPU UUID, limit) pairs; kept so a restarted agent keeps them
     pods: tuple[str, ...] = ()
     limits: tuple[tuple[str, Limit], ...] = ()
+    # MIG instances created for it (--dra-dynamic-mig): (GPU UUID, profile, placement
+    # start), recorded PrepareStarted before they are created
+    instances: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

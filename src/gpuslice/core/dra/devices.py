@@ -40,6 +40,9 @@ class DraOptions:
     # Publish the MIG devices of MIG-enabled GPUs, as NVIDIA's DRA driver does (it has no
     # MIG strategy), whatever the device plugin's migStrategy; False: follow it.
     mig_devices: bool = True
+    # Publish every MIG placement of the GPUs DRA partitions as a device consuming the
+    # GPU's shared counters, and create the instance in prepare (core.dra.partitions).
+    dynamic_mig: bool = False
 
     @property
     def cdi_kind(self) -> str:
@@ -216,3 +219,36 @@ def _string(value: str) -> Json:
 def _label(text: str) -> str:
     """Lower-case letters, digits and dashes only: 1g.5gb+me -> 1g5gbme."""
     return re.sub(r"[^a-z0-9-]", "", text.lower()).strip("-") or "x"
+
+
+# For partitionable MIG devices (core.dra.partitions): the whole GPU, and a placement's
+# attributes, described as the devices above are.
+
+
+def whole_gpu(snapshot: HardwareSnapshot, gpu: Gpu) -> DraDevice:
+    """The whole GPU, unshared, as build_devices describes it."""
+    return DraDevice(
+        name=gpu_name(gpu),
+        uuid=gpu.uuid,
+        gpu_uuid=gpu.uuid,
+        kind=GPU,
+        index=str(gpu.index),
+        resource="",
+        sharing=NONE,
+        replicas=1,
+        paths=(gpu.device_path,),
+        attributes={**_gpu_attributes(gpu), **_common(snapshot, gpu)},
+        capacity=_gpu_cap(gpu),
+    )
+
+
+def partition_attributes(snapshot: HardwareSnapshot, gpu: Gpu, profile: str) -> dict[str, Json]:
+    """A MIG placement's: `type: mig`, `profile`, `parentUUID` and its parent's common ones
+    (no `uuid`: the instance does not exist yet)."""
+    own = {"type": _string(MIG), "parentUUID": _string(gpu.uuid), "profile": _string(profile)}
+    return {**own, **_common(snapshot, gpu)}
+
+
+def name_label(text: str) -> str:
+    """`text` as part of a device name: 1g.5gb+me -> 1g5gbme."""
+    return _label(text)
