@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import HardwareError, HardwareSettingError
 from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import MPS
 
 CONTAINER_ROOT = "/mps"  # upstream's container paths: /mps/<resource>/{pipe,log}
 
@@ -89,7 +88,7 @@ def plan_daemons(
     by_uuid = {g.uuid: g for g in gpus}
     plans = []
     for res in resources:
-        if res.sharing != MPS or not res.replicated or not mps_root:
+        if not res.serving.daemon or not res.replicated or not mps_root:
             continue
         used = sorted((by_uuid[u] for u in res.devices_per_gpu), key=lambda g: g.index)
         for gpu in used:
