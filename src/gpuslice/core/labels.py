@@ -11,11 +11,11 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from gpuslice.core import strategies
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import HardwareError
 from gpuslice.core.label_groups import family, resource_labels, sanitise
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.core.strategies import STRATEGIES
 
 __all__ = [
     "TIMESTAMP_LABEL",
@@ -80,7 +80,7 @@ def label_node(
     labels |= _version_labels(snapshot)
     labels["nvidia.com/mig.capable"] = _flag(any(g.mig_capable for g in gpus))
     serving = settings.sharing.serving
-    for strategy in STRATEGIES:  # each capable label: true only for the one in force
+    for strategy in strategies.STRATEGIES:  # each capable label: true only for the one in force
         if strategy.capable_label:
             capable = strategy is serving and strategy.capable(gpus, warnings.append)
             labels[strategy.capable_label] = _flag(capable)

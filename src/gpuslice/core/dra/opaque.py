@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuslice.core import strategies
 from gpuslice.core.dra.fields import json_object, only_fields
 from gpuslice.core.errors import ConfigError
-from gpuslice.core.strategies import MIG, STRATEGIES, WHOLE, by_dra_name
+from gpuslice.core.strategies import MIG, WHOLE
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG, MIG_CONFIG = WHOLE.dra_config_kind, MIG.dra_config_kind
@@ -57,10 +58,10 @@ def parse_config(params: object, where: str = "parameters") -> SharingConfig:
         return SharingConfig(kind)
     at = f"{where}.sharing"
     sharing = json_object(obj["sharing"], at)
-    own = (s.dra_config_field for s in STRATEGIES if s.dra_config_field)
+    own = (s.dra_config_field for s in strategies.STRATEGIES if s.dra_config_field)
     only_fields(sharing, at, "strategy", *own)
-    strategy = by_dra_name(sharing.get("strategy"))
+    strategy = strategies.by_dra_name(sharing.get("strategy"))
     if strategy is None:
-        allowed = ", ".join(s.dra_name for s in STRATEGIES if s.dra_name)
+        allowed = ", ".join(s.dra_name for s in strategies.STRATEGIES if s.dra_name)
         raise ConfigError(f"{at}.strategy: {sharing.get('strategy')!r}; allowed: {allowed}")
     return SharingConfig(kind, strategy.dra_name, **strategy.dra_fields(sharing, at))

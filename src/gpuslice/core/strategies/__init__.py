@@ -1,8 +1,8 @@
 """The ways a device is served, one module each. A new one is a module and a line in
 STRATEGIES; everything else asks the strategy (core.strategies.base), never its name.
 
-The sharing strategies are those with a config block, in the order the blocks take
-precedence (upstream's: mps whenever it is present, else timeSlicing)."""
+The sharing strategies are those with a config block; where several blocks are set, the
+one of highest `precedence` is in force (upstream's: mps whenever it is present)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gpuslice.core.strategies.mps import MPS
 from gpuslice.core.strategies.time_slicing import TIME_SLICING
 from gpuslice.core.strategies.whole import WHOLE
 
-STRATEGIES: tuple[Strategy, ...] = (WHOLE, MIG, MPS, TIME_SLICING)
+STRATEGIES: tuple[Strategy, ...] = (WHOLE, MIG, TIME_SLICING, MPS)
 
 __all__ = ["MIG", "MPS", "STRATEGIES", "TIME_SLICING", "WHOLE", "Strategy"]
 
@@ -31,8 +31,8 @@ def by_dra_name(name: object) -> Strategy | None:
 
 
 def sharing() -> tuple[Strategy, ...]:
-    """The strategies with a config block, first the one that wins when several are set."""
-    return tuple(s for s in STRATEGIES if s.config_key)
+    """The strategies with a config block, first the one in force when several are set."""
+    return tuple(sorted((s for s in STRATEGIES if s.config_key), key=lambda s: -s.precedence))
 
 
 def of_device(is_mig: bool) -> Strategy:

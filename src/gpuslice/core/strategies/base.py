@@ -16,6 +16,7 @@ class Strategy:
     name = ""  # in the sharing plan, the sharing-strategy label and inspect's "sharing"
     config_key = ""  # its block under `sharing:` in the v1 config ("" : none)
     config_attr = ""  # that block's field in config.v1.Sharing
+    precedence = 0  # where several blocks are set, the highest is in force
     dra_name = ""  # its name as `sharing.strategy` of NVIDIA's opaque DRA config
     dra_config_field = ""  # its settings' field in that config's `sharing` ("" : none)
     dra_config_kind = "GpuConfig"  # the opaque config kind that applies to its devices

@@ -19,6 +19,7 @@ class Mps(Strategy):
     name = "mps"
     config_key = "mps"
     config_attr = "mps"
+    precedence = 1  # upstream: mps whenever it is present
     dra_config_field = "mpsConfig"
     dra_name = "MPS"
     shares = True
