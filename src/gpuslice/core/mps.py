@@ -4,8 +4,8 @@ Pure: what each daemon needs (its GPUs, directories, per-client limits and the
 commands that set them), and the refusals. As upstream: a client's pinned device
 memory is the GPU's memory divided by its replicas (or a size the user gives), its
 active thread percentage 100 / replicas, and a GPU takes at most 48 clients (16 below
-compute capability 7.5). MPS on MIG-enabled GPUs and without mpsRoot are refused where
-the resources and the config are built (core.resources, config.convert).
+compute capability 7.5). MPS on MIG-enabled GPUs and without mpsRoot are refused by
+the strategy (core.strategies.mps) where the resources and the config are built.
 """
 
 from __future__ import annotations

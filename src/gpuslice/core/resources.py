@@ -32,7 +32,7 @@ from gpuslice.core.sharing import (
     NONE,
     ResourceSettings,
 )
-from gpuslice.core.strategies import Strategy, by_name, of_device
+from gpuslice.core.strategies import WHOLE, Strategy, by_name, of_device
 
 RESOURCE_PREFIX = "nvidia.com/"
 _COMPUTE_SLICES = re.compile(r"\d+c\.")  # "1c." in "1c.3g.20gb"
@@ -84,14 +84,12 @@ class Resource:
     _per_gpu: Counter[str] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=Counter
     )
+    # The strategy `sharing` names, resolved once rather than per Allocate.
+    serving: Strategy = field(init=False, repr=False, compare=False, hash=False, default=WHOLE)
 
     @property
     def socket_name(self) -> str:
         return socket_name(self.name)
-
-    @property
-    def serving(self) -> Strategy:
-        return by_name(self.sharing)
 
     @property
     def replicated(self) -> bool:
@@ -113,6 +111,7 @@ class Resource:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
         object.__setattr__(self, "_per_gpu", Counter(d.gpu_uuid for d in self.devices))
+        object.__setattr__(self, "serving", by_name(self.sharing))
 
 
 def socket_name(resource_name: str) -> str:
