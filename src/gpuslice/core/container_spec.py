@@ -66,9 +66,7 @@ def container_allocation(
             annotations[key] = ",".join(names)
         if CDI_CRI in strategies:
             cdi = names
-    edits, more = resource.serving.container_edits(resource.name, opts.mps_root)
-    envs |= edits
-    mounts += more
+    resource.serving.add_container_edits(resource.name, opts.mps_root, envs, mounts)
     for extra in _extras(opts):
         envs[f"NVIDIA_{extra.upper()}"] = "enabled"
     specs: tuple[DeviceSpec, ...] = ()

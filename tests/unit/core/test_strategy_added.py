@@ -42,8 +42,11 @@ class Rotation(Strategy):
     def capable(self, gpus: Sequence[Gpu], warn: Warn) -> bool:
         return len(gpus) > 1
 
-    def container_edits(self, resource: str, mps_root: str) -> tuple[dict[str, str], list[Mount]]:
-        return {"ROTATION_RESOURCE": resource}, [Mount("/rotation", f"/run/rotation/{resource}")]
+    def add_container_edits(
+        self, resource: str, mps_root: str, envs: dict[str, str], mounts: list[Mount]
+    ) -> None:
+        envs["ROTATION_RESOURCE"] = resource
+        mounts.append(Mount("/rotation", f"/run/rotation/{resource}"))
 
     def dra_fields(self, sharing: Mapping[str, object], at: str) -> dict[str, Any]:
         own = sharing.get(self.dra_config_field)

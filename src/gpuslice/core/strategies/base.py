@@ -45,9 +45,10 @@ class Strategy:
         """The value of `capable_label` while it is the node's strategy."""
         return False
 
-    def container_edits(self, resource: str, mps_root: str) -> tuple[dict[str, str], list[Mount]]:
-        """The env and mounts an Allocate answer adds for a container of `resource`."""
-        return {}, []
+    def add_container_edits(
+        self, resource: str, mps_root: str, envs: dict[str, str], mounts: list[Mount]
+    ) -> None:
+        """Add the env and mounts an Allocate answer gives a container of `resource`."""
 
     def dra_fields(self, sharing: Mapping[str, object], at: str) -> dict[str, Any]:
         """Its settings (`dra_config_field`) in an opaque DRA config's `sharing` object,

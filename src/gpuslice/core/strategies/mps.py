@@ -65,19 +65,18 @@ class Mps(Strategy):
             return False
         return True
 
-    def container_edits(self, resource: str, mps_root: str) -> tuple[dict[str, str], list[Mount]]:
+    def add_container_edits(
+        self, resource: str, mps_root: str, envs: dict[str, str], mounts: list[Mount]
+    ) -> None:
         if not mps_root:
-            return {}, []
+            return
         # Upstream's container paths; the host directories are this resource's daemon's,
         # and /dev/shm is a directory private to the resource, not one node-wide tmpfs.
         host = posixpath.join(mps_root, resource)
-        envs: dict[str, str] = {}
-        mounts: list[Mount] = []
         for name, env in (("pipe", "CUDA_MPS_PIPE_DIRECTORY"), ("log", "CUDA_MPS_LOG_DIRECTORY")):
             envs[env] = f"/mps/{resource}/{name}"
             mounts.append(Mount(envs[env], posixpath.join(host, name)))
         mounts.append(Mount("/dev/shm", posixpath.join(host, "shm")))
-        return envs, mounts
 
     def dra_fields(self, sharing: Mapping[str, object], at: str) -> dict[str, Any]:
         if sharing.get(self.dra_config_field) is None:
