@@ -36,14 +36,11 @@ def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ..
         warn("resources", "custom resource naming is not supported (as upstream); ignored")
         config = replace(config, resources=Resources())
     sharing = config.sharing
-    used, *ignored = sharing.present or (None,)
-    for other in ignored:
-        assert used is not None
-        warn(
-            "sharing",
-            f"both {other.config_key} and {used.config_key} are set; {used.config_key} is "
-            f"used, {other.config_key} is ignored",
-        )
+    present = sharing.present
+    for other in present[1:]:
+        used = present[0].config_key
+        warn("sharing", f"both {other.config_key} and {used} are set; {used} is used, "
+             f"{other.config_key} is ignored")  # fmt: skip
     blocks = {
         s.config_attr: _resolve(block, f"sharing.{s.config_key}", warn, source, s.uniform_replicas)
         for s in reversed(sharing.present)

@@ -193,7 +193,8 @@ class Sharing(_Struct, frozen=True):
         """The name of the sharing strategy, by upstream's rule (the first block with
         replicas > 1), else none."""
         for s in self.present:
-            if any(r.replicas > 1 for r in self.block(s).resources):  # type: ignore[union-attr]
+            block = self.block(s)
+            if block is not None and any(r.replicas > 1 for r in block.resources):
                 return s.name
         return strategies.WHOLE.name
 
