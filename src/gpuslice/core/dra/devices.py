@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
 from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import MIG_MIXED, MPS, NONE, TIME_SLICING, ResourceSettings
+from gpuslice.core.sharing import MIG_MIXED, NONE, ResourceSettings
+from gpuslice.core.strategies import Strategy, by_name, of_device
 
 STANDARD = "resource.kubernetes.io"  # the standard attributes' domain
 GPU, MIG = "gpu", "mig"
@@ -58,16 +59,25 @@ class DraDevice:
     kind: str  # GPU or MIG
     index: str  # "0" for a GPU, "0:1" for a MIG device (the node's numbering)
     resource: str  # the advertised resource it comes from
-    sharing: str  # NONE, TIME_SLICING or MPS
+    sharing: str  # the name of the node's sharing strategy for it (core.strategies)
     replicas: int
     paths: tuple[str, ...]  # device nodes
     attributes: Mapping[str, Json] = field(default_factory=dict)
     capacity: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def serving(self) -> Strategy:
+        return by_name(self.sharing)
+
+    @property
+    def served_as(self) -> Strategy:
+        """How the device itself is served (a MIG slice or whole), beside its sharing."""
+        return of_device(self.kind == MIG)
+
+    @property
     def shared(self) -> bool:
-        """Several claims may hold it at once (time-slicing or MPS replicas)."""
-        return self.sharing in (TIME_SLICING, MPS) and self.replicas > 1
+        """Several claims may hold it at once (replicas of a sharing strategy)."""
+        return self.serving.shares and self.replicas > 1
 
 
 def driver_name_problem(name: str) -> str:
