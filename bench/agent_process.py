@@ -30,15 +30,18 @@ READY = "print('ready', flush=True)"
 
 @contextlib.asynccontextmanager
 async def agent_process(
-    work: str,
+    work: str, src: str | None = None
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, KubeletStandin, float]]:
-    """(process, stand-in, seconds from spawn until every resource registered)."""
+    """(process, stand-in, seconds from spawn until every resource registered); with
+    `src`, the gpuslice package is imported from that source tree instead."""
     config = time_slicing(os.path.join(work, "ts.yaml"), REPLICAS)
     plugins = os.path.join(work, "plugins")
     os.mkdir(plugins)
     args = ["run", "--fake-hardware", "dgx-a100", "--config-file", config]
     args += ["--kubelet-socket", os.path.join(plugins, "kubelet.sock")]
     env = runtime_env()
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], src))
     async with KubeletStandin(plugins) as kubelet:
         t0 = now()
         proc = await asyncio.create_subprocess_exec(

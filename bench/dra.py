@@ -1,5 +1,6 @@
 """DRA: NodePrepareResources latency against a no-op DRA server (whole GPUs, 1 and 8 per
-claim; a share of a replicated GPU under consumable capacity; a MIG device), how long a
+claim; a share of a replicated GPU under consumable capacity; a MIG device; a partition
+under --dra-dynamic-mig, its MIG instance created in the call), how long a
 health change takes to reach the ResourceSlices in the API, and how long a deleted slice
 takes to be back (a starting kubelet deletes them all).
 
@@ -40,6 +41,7 @@ from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
 from gpuslice.frontends.dra.driver import DraDriver
+from gpuslice.frontends.dra.dynamic_mig import MigInstances
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.node_devices import NodeDevices
@@ -52,6 +54,13 @@ CASES = {  # name: (hardware, devices per claim, what one claim is)
     "8": ("dgx-a100", 8, "a new claim of 8 GPUs"),
     "shares": ("dgx-a100", 1, "a new claim of one share (consumable capacity, 4 replicas)"),
     "mig": ("a100-40gb-mig-single", 1, "a new claim of one MIG device"),
+    # --dra-dynamic-mig: the GPU and compute instance created at the placement in prepare
+    # (simulated MIG), destroyed by the untimed unprepare
+    "dynamic_mig": (
+        "a100-40gb-mig-single",
+        1,
+        "a new claim of one 1g partition, its instance created",
+    ),
 }
 FIGURES = (
     *(f"dra_prepare_{case}_p{q}" for case in CASES for q in (50, 99)),
@@ -87,7 +96,7 @@ def _flags(work: str, *, shares: bool) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def dra_rig(
-    work: str, hardware: str = "dgx-a100", *, shares: bool = False
+    work: str, hardware: str = "dgx-a100", *, shares: bool = False, dynamic: bool = False
 ) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, NodeDevices, HardwareSnapshot]]:
     node = NodeDevices(lambda: FakeBackend.from_spec(hardware))
     session = contextlib.AsyncExitStack()
@@ -95,17 +104,18 @@ async def dra_rig(
     options = resolve_options(_flags(work, shares=shares))
     node.commit(await node.read(), plugin_settings(load_config(options), options))
     count = len(node.snapshot.gpus) + sum(len(g.mig_devices) for g in node.snapshot.gpus)
+    count = 10**6 if dynamic else count  # a device per placement
     async with FakeApiServer() as api:
         config = KubeConfig.from_file(write_kubeconfig(Path(work), api.url))
         client = AsyncClient(config=config, trust_env=False)
         kube = KubeDraApi(client)
-        opts = DraOptions(consumable_shares=shares)
+        opts = DraOptions(consumable_shares=shares, dynamic_mig=dynamic)
         plugin_dir = os.path.join(work, "plugins", DRIVER)
         specs = ClaimSpecDir(os.path.join(work, "cdi"))
         checkpoint = ClaimCheckpointFile(plugin_dir)
-        driver = DraDriver(
-            node=NODE, opts=opts, view=node, api=kube, checkpoint=checkpoint, specs=specs
-        )
+        mig = MigInstances(node.on_backend) if dynamic else None
+        driver = DraDriver(node=NODE, opts=opts, view=node, api=kube, checkpoint=checkpoint,
+                           specs=specs, mig=mig)  # fmt: skip
         endpoint = DraServer(driver, registry_dir=os.path.join(work, "reg"), plugin_dir=plugin_dir)
         frontend = DraFrontEnd(node, driver, SlicePublisher(kube, node=NODE, opts=opts), endpoint)
         await frontend.start()
@@ -131,8 +141,12 @@ async def prepare_figures(plan: Plan, case: str) -> list[Figure]:
     ours: dict[int, list[float]] = {50: [], 99: []}
     base: dict[int, list[float]] = {50: [], 99: []}
     with scratch() as work:
-        async with dra_rig(work, hardware, shares=case == "shares") as (api, frontend, _, _):
-            names = sorted(frontend.driver.devices)[:size]
+        dynamic = case == "dynamic_mig"
+        async with dra_rig(work, hardware, shares=case == "shares", dynamic=dynamic) as (
+            api, frontend, _, _,
+        ):  # fmt: skip
+            names = [n for n in sorted(frontend.driver.devices) if not dynamic or "-mig-1g" in n]
+            names = names[:size]
             share = {"shareID": "s", "consumedCapacity": {"shares": "1", "memory": "4Gi"}}
             results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": n,
                         **(share if case == "shares" else {})} for n in names]  # fmt: skip

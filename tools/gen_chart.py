@@ -471,6 +471,7 @@ def values_schema() -> dict[str, Any]:
                 "consumableShares": {**enabled, "description": "GPUSLICE_DRA_CONSUMABLE_SHARES"},
                 "taintUnhealthy": {**enabled, "description": "GPUSLICE_DRA_TAINT_UNHEALTHY"},
                 "migDevices": {**enabled, "description": "GPUSLICE_DRA_MIG_DEVICES"},
+                "dynamicMig": {**enabled, "description": "GPUSLICE_DRA_DYNAMIC_MIG"},
                 "extendedResourceName": _text(
                     "the extended resource of the gpuClass DeviceClass (1.36); auto: "
                     "nvidia.com/gpu unless kept on the device plugin; empty: none",

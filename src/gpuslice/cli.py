@@ -17,7 +17,7 @@ from click.core import ParameterSource
 
 from gpuslice import __version__
 from gpuslice.config.flags import FLAGS, GfdEnv, explain
-from gpuslice.core.errors import GpusliceError
+from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.entry import take_held_reload
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -317,20 +317,41 @@ async def _until_signalled(
     help="a table, or one JSON object: resources (name: device count), labels, GPUs (with "
     "each share's memory limit), memoryIsolation, warnings [default: table]",
 )
+@click.option(
+    "--mig-parted-config", "mig_parted_file", metavar="FILE",
+    help="instead, what the layout --mig-config names in this mig-parted config would do "
+    "on each GPU, and the resources then advertised (nothing is changed)",
+)  # fmt: skip
+@click.option("--mig-config", "mig_config", metavar="NAME",
+              help="the config of --mig-parted-config to show")  # fmt: skip
 @click.pass_context
-def inspect(ctx: click.Context, /, output_format: str, **params: Any) -> None:
+def inspect(
+    ctx: click.Context,
+    /,
+    output_format: str,
+    mig_parted_file: str | None,
+    mig_config: str | None,
+    **params: Any,
+) -> None:
     """Show what a config advertises on some hardware, without a kubelet."""
     opts = run_options(ctx, params, "inspect")
     from gpuslice.commands.inspect import inspect_node, render_table
+    from gpuslice.commands.inspect_mig import inspect_mig, render_mig_table
 
     try:
-        report = inspect_node(opts)
+        if (mig_parted_file is None) != (mig_config is None):
+            raise ConfigError("--mig-parted-config and --mig-config go together")
+        if mig_parted_file is not None and mig_config is not None:
+            report = inspect_mig(opts, mig_parted_file, mig_config)
+            render = render_mig_table
+        else:
+            report, render = inspect_node(opts), render_table
     except GpusliceError as exc:
         fail(exc)
     if output_format == "json":
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
-        click.echo(render_table(report))
+        click.echo(render(report))
 
 
 @main.command()
@@ -368,10 +389,11 @@ def demo(profile: str, verbose: bool, show_advice: bool) -> None:
 @click.option("--end", type=float, metavar="UNIX_TIME", help="the window's end [default: now]")
 @click.option(
     "--output",
-    type=click.Choice(["table", "json", "config"]),
+    type=click.Choice(["table", "json", "config", "mig-config"]),
     default="table",
     show_default=True,
-    help="advice per workload, as a table or JSON, or a proposed v1 config",
+    help="advice per workload, as a table or JSON, a proposed v1 config, or a proposed "
+    "mig-parted config for the pools whose workloads fit MIG profiles",
 )
 @click.pass_context
 def advise(

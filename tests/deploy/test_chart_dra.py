@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 from cel_expr_python import cel
-from chart_kit import CHART, NAMESPACE, ROOT, container, env, rendered, tool
+from chart_kit import CHART, NAMESPACE, RELEASE, ROOT, container, env, rendered, tool
 
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.kube.rbac import DRA_RULES
 from gpuslice.config.flags import check_settings
 from gpuslice.core.dra.devices import DraOptions, build_devices
+from gpuslice.core.dra.partitions import partition_node
 from gpuslice.core.dra.slices import published
 from gpuslice.core.resources import build_resources
 from gpuslice.core.sharing import MIG_MIXED, ResourceSettings
@@ -139,6 +140,32 @@ def test_no_device_class_where_its_name_is_empty() -> None:
     values = {"dra": {"enabled": True, "gpuClass": "", "migClass": "mig.example.com"}}
     objects = tuple(gen.objects(gen.render(CHART, values)))
     assert [c["metadata"]["name"] for c in of_kind(objects, "DeviceClass")] == ["mig.example.com"]
+
+
+def test_with_dynamic_mig_the_mig_class_selects_every_partition_and_the_agent_is_told() -> None:
+    gen = tool()
+    values = {"dra": {"enabled": True, "dynamicMig": True}}
+    objects = tuple(gen.objects(gen.render(CHART, values, release=RELEASE, namespace=NAMESPACE)))
+    told = {k: v for k, v in env(objects).items() if k == "GPUSLICE_DRA_DYNAMIC_MIG"}
+    assert told == {"GPUSLICE_DRA_DYNAMIC_MIG": "true"}
+    assert check_settings({}, told)["dra-dynamic-mig"] is True
+    classes = {c["metadata"]["name"]: c for c in of_kind(objects, "DeviceClass")}
+    backend = FakeBackend.from_spec("h100-80gb")
+    snapshot, control = backend.snapshot(), backend.mig_control()
+    gpu = snapshot.gpus[0]
+    parted = partition_node(snapshot, [gpu], {gpu.uuid: control.profiles(gpu.uuid)})
+    backend.close()
+    devices = published(parted.served([]), frozenset(), DraOptions(dynamic_mig=True))
+    for name, kind in (("mig.nvidia.com", "mig"), ("gpu.nvidia.com", "gpu")):
+        (selector,) = classes[name]["spec"]["selectors"]
+        chosen = {
+            d["name"]
+            for d in devices
+            if selects(selector["cel"]["expression"], cel_device(d, "gpu.nvidia.com"))
+        }
+        want = {p.device.name for p in parted.by_name.values() if p.device.kind == kind}
+        assert chosen == want, name
+    assert len(want) == 1  # the whole GPU, beside its partitions
 
 
 def slice_request(user: str, user_node: str | None, node: str, operation: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
 from gpuslice.core.settings import Settings
 from gpuslice.frontends.dra.driver import DraDriver
+from gpuslice.frontends.dra.dynamic_mig import MigInstances
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.cdi import CdiSpecs
@@ -102,6 +103,7 @@ class DraRig:
     client: AsyncClient | None = None
     slicer: FakeTimeSlices = field(default_factory=FakeTimeSlices)  # the GPUs' time slice
     shares: ClaimShares | None = None  # the pods' memory limits, for an Isolation (start())
+    specs: Callable[[str], ClaimSpecDir] = ClaimSpecDir  # the CDI spec directory's adapter
 
     @property
     def registry(self) -> str:
@@ -129,9 +131,10 @@ class DraRig:
             view=self.health.devices,
             api=api,
             checkpoint=ClaimCheckpointFile(self.plugin_dir),
-            specs=ClaimSpecDir(self.cdi_dir),
+            specs=self.specs(self.cdi_dir),
             time_slicer=self.slicer,
             shares=self.shares,
+            mig=MigInstances(self.health.devices.on_backend) if self.opts.dynamic_mig else None,
         )
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)

@@ -109,3 +109,21 @@ def test_the_demo_shows_a_short_advice_table_with_every_verdict() -> None:
     assert lines[2].startswith("WORKLOAD")
     rows = lines[3:11]
     assert {row.split()[-1] for row in rows} >= {"fits", "over-packed", "back"}
+
+
+def test_a_mig_config_the_agent_takes_unchanged(tmp_path: Path) -> None:
+    with SyntheticPrometheus(8) as fake:
+        done = advise(fake.url, "--output", "mig-config")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "advised-mig.yaml"
+    path.write_text(done.stdout)
+    node = tmp_path / "node.yaml"
+    node.write_text("name: pool\ngpus: [{model: a100-40gb, count: 2}]\n")
+    # the layouts it proposes, and what the device plugin advertises once they are made
+    inspected = gpuslice("inspect", "--fake-hardware", str(node), "--mig-parted-config",
+                         str(path), "--mig-config", "advised-nvidia-a100-sxm4-40gb",
+                         "--mig-strategy", "mixed", "--output", "json")  # fmt: skip
+    assert inspected.returncode == 0, inspected.stderr
+    report = json.loads(inspected.stdout)
+    # 8 pods: 5 peak above a 1g.5gb with 10 % headroom, 3 below
+    assert report["resources"] == {"nvidia.com/mig-1g.10gb": 5, "nvidia.com/mig-1g.5gb": 3}

@@ -81,3 +81,18 @@ def test_inspect_shows_the_simulated_gpus_time_slice(tmp_path: Path) -> None:
     report = inspect("--fake-hardware", "t4", "--fake-events", str(events))
     assert report["gpus"][0]["timeSlice"] == "Medium"
     assert "timeSlice" not in inspect("--fake-hardware", "t4")["gpus"][0]
+
+
+def test_with_dynamic_mig_the_partitions_and_their_counters_are_shown() -> None:
+    report = inspect("--fake-hardware", "dgx-h100", "--dra", "--dra-dynamic-mig")
+    slices: list[dict] = report["resourceSlices"]  # type: ignore[assignment]
+    counters = [s["spec"] for s in slices if "sharedCounters" in s["spec"]]
+    assert [len(c["sharedCounters"]) for c in counters] == [8]  # 8 Hopper GPUs, one slice
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    assert all(len(s["spec"].get("devices", [])) <= 64 for s in slices)
+    assert all(d["consumesCounters"] for d in devices)  # the whole GPUs consume them all
+    assert "gpu-0000-1b-00-0-mig-7g80gb-0-0" in {d["name"] for d in devices}
+    assert len(report["dynamicMigGpus"]) == 8  # type: ignore[arg-type]
+    text = run_once("inspect", "--node-name", "n1", "--fake-hardware", "dgx-h100", "--dra",
+                    "--dra-dynamic-mig").stdout  # fmt: skip
+    assert "counter set gpu-0000-1b-00-0-counter-set" in text

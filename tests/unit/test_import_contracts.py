@@ -42,6 +42,7 @@ PLANTS = [
     ("services/node.py", "gpuslice.adapters.fake", "Only the host modules and the composition"),
     ("commands/inspect.py", "gpuslice.services.isolation", "One composition root"),
     ("core/labels.py", "gpuslice.services", "Layers: "),
+    ("core/strategies/mps.py", "gpuslice.core.resources", "A way of sharing stands below"),
     ("testing/configmap.py", "gpuslice.wiring", "The testing kit stands on adapters"),
     ("config/v1.py", "click", "Only the file-watch adapter imports inotify_simple, only the"),
 ]

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.core.advice import MIB, UNKNOWN, WASTEFUL, Advice, Rules, advise, total_gpus_back
 from gpuslice.core.advice_config import propose_config
+from gpuslice.core.advice_mig import propose_mig_config
 from gpuslice.core.errors import ConfigError
-from gpuslice.wiring.commands import mig_profiles, prometheus_facts
+from gpuslice.wiring.commands import mig_profiles, mig_tables, prometheus_facts
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -69,6 +70,8 @@ def run_advise(
         )  # fmt: skip
     if output == "config":
         return propose_config(advice)
+    if output == "mig-config":
+        return propose_mig_config(advice, mig_tables())
     return render_table(advice)
 
 

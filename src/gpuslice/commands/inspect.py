@@ -5,13 +5,14 @@ computed by the agent's own code."""
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_settings
+from gpuslice.core.dra.partitions import owned, partition_node
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.isolation import (
@@ -25,6 +26,7 @@ from gpuslice.core.isolation import (
 )
 from gpuslice.core.isolation import labels as isolation_labels
 from gpuslice.core.labels import label_node
+from gpuslice.core.mig import MigProfileSpec
 from gpuslice.core.resources import (
     AdvertisedDevice,
     Resource,
@@ -56,6 +58,10 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     try:
         snapshot = backend.snapshot()
         facts = isolation_facts(cgroups, backend)
+        control = backend.mig_control() if opts.dra is not None and opts.dra.dynamic_mig else None
+        tables = {}  # --dra-dynamic-mig: the MIG profile tables of the partitions
+        if control is not None:
+            tables = {g.uuid: control.profiles(g.uuid) for g in snapshot.gpus if g.mig_capable}
     finally:
         backend.close()
     pinned = opts.mps_pinned_memory_limit_mib
@@ -125,7 +131,7 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
         ],
     }
     if opts.dra is not None:
-        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra, opts))
+        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra, opts, tables))
     return report
 
 
@@ -135,20 +141,27 @@ def dra_report(
     settings: ResourceSettings,
     dra: DraOptions,
     opts: RunOptions,
+    tables: Mapping[str, Sequence[MigProfileSpec]],
 ) -> dict[str, Any]:
     """Which front-end serves each resource, and the slices of the DRA devices (DRA's
-    own resources: MIG devices of MIG-enabled GPUs unless --dra-mig-devices=false)."""
+    own resources: MIG devices of MIG-enabled GPUs unless --dra-mig-devices=false; with
+    --dra-dynamic-mig the partitions of the GPUs it partitions, from their `tables`)."""
     own = build_resources(snapshot, dra_settings(settings, dra))
     served = dra_resources(own, opts.dra_device_plugin_resources)
-    entries = published(build_devices(snapshot, served), frozenset(), dra)
-    node = opts.node_name or platform.node()
     kept = opts.dra_device_plugin_resources
+    parts = partition_node(snapshot, owned(snapshot, [r for r in own if r.name in kept]), tables)
+    devices = parts.served(build_devices(snapshot, served))
+    entries, counters = parts.publish(published(devices, frozenset(), dra))
+    node = opts.node_name or platform.node()
     return {
         "frontEnds": {
             **{r.name: "device-plugin" for r in resources if r.name in kept},
             **{r.name: "dra" for r in served},
         },
-        "resourceSlices": build_slices(entries, node=node, opts=dra, generation=1),
+        **({"dynamicMigGpus": sorted(parts.gpus)} if dra.dynamic_mig else {}),
+        "resourceSlices": build_slices(
+            entries, node=node, opts=dra, generation=1, counter_sets=counters
+        ),
     }
 
 
@@ -207,10 +220,14 @@ def render_table(report: dict[str, Any]) -> str:
         lines += ["", *_columns([("LABEL", "VALUE"), *sorted(report["labels"].items())])]
     if "resourceSlices" in report:
         slices = report["resourceSlices"]
-        names = [d["name"] for s in slices for d in s["spec"]["devices"]]
+        names = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
+        sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters", [])]
         driver = slices[0]["spec"]["driver"]
         lines += ["", f"DRA: driver {driver}, {len(names)} devices in {len(slices)} ResourceSlices"]
         lines += [f"  {name}" for name in names]
+        if "dynamicMigGpus" in report:
+            lines.append(f"partitioned GPUs: {', '.join(report['dynamicMigGpus']) or 'none'}")
+            lines += [f"  counter set {name}" for name in sets]
         lines += [f"front-end of {r}: {fe}" for r, fe in sorted(report["frontEnds"].items())]
     return "\n".join(lines)
 

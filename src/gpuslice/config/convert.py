@@ -11,9 +11,10 @@ from gpuslice.config.flags import with_defaults
 from gpuslice.config.load_rules import superseded
 from gpuslice.config.v1 import Config, Devices
 from gpuslice.core.container_spec import IMEX_CHANNEL_DEV
-from gpuslice.core.errors import ConfigError, HardwareError
+from gpuslice.core.errors import HardwareError
 from gpuslice.core.response import AllocateOptions
-from gpuslice.core.sharing import MIG_MIXED, MPS, ReplicaRule, ResourceSettings, SharingPlan
+from gpuslice.core.sharing import MIG_MIXED, ReplicaRule, ResourceSettings, SharingPlan
+from gpuslice.core.strategies import by_name
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ def resource_settings(config: Config, *, complete: bool = False) -> ResourceSett
     sharing = config.sharing
     block = sharing.replicated
     entries = block.resources if block else ()
-    path = "sharing.mps" if sharing.mps is not None else "sharing.timeSlicing"
+    path = f"sharing.{sharing.replicated_strategy.config_key}"
     rules = tuple(
         ReplicaRule(r.name, r.replicas, r.rename, _devices(r.devices), f"{path}.resources[{i}]")
         for i, r in enumerate(entries)
@@ -36,7 +37,8 @@ def resource_settings(config: Config, *, complete: bool = False) -> ResourceSett
 
 
 def allocate_options(config: Config, *, complete: bool = False) -> AllocateOptions:
-    """The flags that shape Allocate answers; the MPS root only while MPS is in force."""
+    """The flags that shape Allocate answers; the MPS root only while a strategy with
+    control daemons is in force."""
     config = config if complete else with_defaults(config)
     flags, plugin = config.flags, config.flags.plugin
     return AllocateOptions(
@@ -48,7 +50,7 @@ def allocate_options(config: Config, *, complete: bool = False) -> AllocateOptio
         gdrcopy_enabled=_set(flags.gdrcopy_enabled),
         gds_enabled=_set(flags.gds_enabled),
         mofed_enabled=_set(flags.mofed_enabled),
-        mps_root=_set(flags.mps_root) if config.sharing.strategy == MPS else "",
+        mps_root=_set(flags.mps_root) if by_name(config.sharing.strategy).daemon else "",
         imex_channel_ids=_set(config.imex.channel_ids),
         allocation_policy=_set(plugin.shared_devices_allocation_policy),
     )
@@ -63,8 +65,9 @@ def plugin_options(
     channels whose device node exists) fails when imex.required (HardwareError) and is
     left out with a warning otherwise."""
     config = config if complete else with_defaults(config)
-    if config.sharing.strategy == MPS:
-        _check_mps(config)
+    flags = config.flags
+    mixed = flags.mig_strategy == MIG_MIXED
+    by_name(config.sharing.strategy).check_flags(flags.mps_root, mixed, show)
     options = allocate_options(config, complete=True)
     channels, warnings = usable_imex_channels(
         options.imex_channel_ids, imex_present, required=bool(config.imex.required)
@@ -91,21 +94,6 @@ def usable_imex_channels(
         for c in missing
     )
     return tuple(c for c in requested if c in present), warnings
-
-
-def _check_mps(config: Config) -> None:
-    flags = config.flags
-    if not flags.mps_root:
-        raise ConfigError(
-            f"flags.mpsRoot: got {show(flags.mps_root)}; expected the host directory of the "
-            "MPS daemons' pipes while sharing.mps is in force (--mps-root or MPS_ROOT; "
-            "NVIDIA's Helm chart uses /run/nvidia/mps)"
-        )
-    if flags.mig_strategy == MIG_MIXED:
-        raise ConfigError(
-            f"flags.migStrategy: got {show(flags.mig_strategy)}; expected none or single "
-            "while sharing.mps is in force (MPS cannot share MIG devices, as upstream)"
-        )
 
 
 def _devices(devices: Devices) -> int | tuple[str, ...] | None:

@@ -307,6 +307,10 @@ FLAGS: tuple[Flag, ...] = (
           "publish the MIG devices of MIG-enabled GPUs under DRA, as NVIDIA's DRA driver "
           "does, whatever --mig-strategy says; false: follow --mig-strategy", kind=BOOL,
           uses="run inspect"),
+    _flag("dra-dynamic-mig", "GPUSLICE_DRA_DYNAMIC_MIG", None, False,
+          "publish every MIG placement of MIG-enabled GPUs as a partitionable DRA device "
+          "(shared counters) and create the MIG instance when a claim is prepared",
+          kind=BOOL, uses="run inspect"),
     _flag("dra-taint-unhealthy", "GPUSLICE_DRA_TAINT_UNHEALTHY", None, False,
           "taint unhealthy DRA devices NoSchedule (1.36 DRADeviceTaints) instead of "
           "withdrawing them", kind=BOOL, uses="run inspect"),

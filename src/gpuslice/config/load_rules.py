@@ -36,18 +36,18 @@ def apply_load_rules(config: Config, source: str) -> tuple[Config, tuple[str, ..
         warn("resources", "custom resource naming is not supported (as upstream); ignored")
         config = replace(config, resources=Resources())
     sharing = config.sharing
-    if sharing.mps is not None and sharing.time_slicing is not None:
-        warn("sharing", "both timeSlicing and mps are set; mps is used, timeSlicing is ignored")
+    present = sharing.present
+    for other in present[1:]:
+        used = present[0].config_key
+        warn("sharing", f"both {other.config_key} and {used} are set; {used} is used, "
+             f"{other.config_key} is ignored")  # fmt: skip
     blocks = {
-        attr: _resolve(block, f"sharing.{key}", warn, source, mps=attr == "mps")
-        for attr, key, block in (
-            ("time_slicing", "timeSlicing", sharing.time_slicing),
-            ("mps", "mps", sharing.mps),
-        )
-        if block is not None
+        s.config_attr: _resolve(block, f"sharing.{s.config_key}", warn, source, s.uniform_replicas)
+        for s in reversed(sharing.present)
+        if (block := sharing.block(s)) is not None
     }
     sharing = replace(sharing, **blocks)
-    active = "mps" if sharing.mps is not None else "time_slicing"
+    active = sharing.replicated_strategy.config_attr
     block = sharing.replicated
     if block is not None and block.fail_requests_greater_than_one is None:
         fail = sharing.fail_requests_greater_than_one
@@ -65,12 +65,12 @@ def superseded(entries: tuple[ReplicatedResource, ...], i: int) -> bool:
 
 
 def _resolve(
-    block: ReplicatedResources, path: str, warn: _Warn, source: str, *, mps: bool
+    block: ReplicatedResources, path: str, warn: _Warn, source: str, uniform: bool
 ) -> ReplicatedResources:
     """Renames resolved, a superseded entry warned about (kept in the config, unused),
     and the name checks made: each
     advertised name comes from one resource, never another GPU resource's name, and under
-    MPS has one replica count. Raises ConfigError."""
+    a strategy with `uniform` replicas (MPS) has one replica count. Raises ConfigError."""
     entries: list[ReplicatedResource] = []
     where: dict[str, tuple[str, ReplicatedResource]] = {}  # advertised name -> first entry
     for i, entry in enumerate(block.resources):
@@ -99,7 +99,7 @@ def _resolve(
                 f"{target} is already served from {first.name} by {first_at}; one resource "
                 "name must come from one resource: choose another rename",
             )
-        if mps and first.replicas != entry.replicas:
+        if uniform and first.replicas != entry.replicas:
             raise config_error(
                 source,
                 f"{at}.replicas",

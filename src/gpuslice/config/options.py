@@ -214,6 +214,7 @@ def resolve_options(
             consumable_shares=bool(value("dra-consumable-shares")),
             taint_unhealthy=bool(value("dra-taint-unhealthy")),
             mig_devices=bool(value("dra-mig-devices")),
+            dynamic_mig=bool(value("dra-dynamic-mig")),
         )
         if value("dra")
         else None,

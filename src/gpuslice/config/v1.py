@@ -23,9 +23,9 @@ from gpuslice.config.checks import (
     resource_name,
 )
 from gpuslice.config.resource_names import check_servable
+from gpuslice.core import strategies
 from gpuslice.core.quantity import parse_bytes
 from gpuslice.core.response import LIST_STRATEGIES
-from gpuslice.core.sharing import MPS, NONE, TIME_SLICING
 
 VERSION = "v1"
 
@@ -164,31 +164,50 @@ class ReplicatedResources(_Struct, frozen=True):
 
 
 class Sharing(_Struct, frozen=True):
+    """A block per sharing strategy (core.strategies: its `config_attr`)."""
+
     time_slicing: ReplicatedResources | None = None
     mps: ReplicatedResources | None = None
 
+    def block(self, strategy: strategies.Strategy) -> ReplicatedResources | None:
+        return getattr(self, strategy.config_attr) if strategy.config_attr else None
+
+    @property
+    def present(self) -> tuple[strategies.Strategy, ...]:
+        """The strategies whose block is set, the one in force first (upstream's rule:
+        mps whenever it is present, else timeSlicing)."""
+        return tuple(s for s in strategies.sharing() if self.block(s) is not None)
+
+    @property
+    def replicated_strategy(self) -> strategies.Strategy:
+        """The strategy whose block is in force (whole GPUs when none is set)."""
+        return next(iter(self.present), strategies.WHOLE)
+
     @property
     def replicated(self) -> ReplicatedResources | None:
-        """The block in force: mps whenever it is present (upstream's rule), else timeSlicing."""
-        return self.mps if self.mps is not None else self.time_slicing
+        """The block in force."""
+        return self.block(self.replicated_strategy)
 
     @property
     def strategy(self) -> str:
-        """mps, time-slicing or none, by upstream's rule (the first block with replicas > 1)."""
-        for name, block in ((MPS, self.mps), (TIME_SLICING, self.time_slicing)):
+        """The name of the sharing strategy, by upstream's rule (the first block with
+        replicas > 1), else none."""
+        for s in self.present:
+            block = self.block(s)
             if block is not None and any(r.replicas > 1 for r in block.resources):
-                return name
-        return NONE
+                return s.name
+        return strategies.WHOLE.name
 
     @property
     def fail_requests_greater_than_one(self) -> bool:
-        """As set, else true under mps and false under time-slicing (upstream's defaults)."""
+        """As set, else the default of the strategy in force (upstream's: true under mps,
+        false under time-slicing)."""
         block = self.replicated
         if block is None:
             return False
         if block.fail_requests_greater_than_one is not None:
             return block.fail_requests_greater_than_one
-        return block is self.mps
+        return self.replicated_strategy.fail_requests_default
 
 
 class Imex(_Struct, frozen=True):

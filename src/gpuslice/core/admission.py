@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuslice.core.errors import ConfigSettingError
 from gpuslice.core.resources import servable_name
-from gpuslice.core.sharing import NONE, ResourceSettings
+from gpuslice.core.sharing import ResourceSettings
 
 DENY, WARN = "deny", "warn"
 RESOURCES_KEY = "resources"  # params data: the names, comma-separated
@@ -55,7 +55,7 @@ def capped_names(configs: Iterable[ResourceSettings]) -> CappedNames:
 
 def _caps(config: ResourceSettings) -> set[str]:
     plan = config.sharing
-    if plan.strategy == NONE or not plan.fail_requests_greater_than_one:
+    if not plan.serving.shares or not plan.fail_requests_greater_than_one:
         return set()
     return {r.advertised_name for r in plan.rules}
 
@@ -65,7 +65,7 @@ def _uncapped(config: ResourceSettings, name: str) -> bool:
     allowed: shared without the cap, or whole GPUs under a GPU resource's own name (GPUs
     no entry selects), unless an entry shares every device of that name under it."""
     plan = config.sharing
-    rules = plan.rules if plan.strategy != NONE else ()
+    rules = plan.rules if plan.serving.shares else ()
     if not plan.fail_requests_greater_than_one and any(r.advertised_name == name for r in rules):
         return True
     if not servable_name(name):

@@ -16,7 +16,6 @@ from gpuslice.core.devices import is_replica
 from gpuslice.core.errors import InvalidRequest
 from gpuslice.core.resources import AdvertisedDevice, Resource
 from gpuslice.core.response import PACKED
-from gpuslice.core.sharing import MPS, NONE
 from gpuslice.core.topology import Topology
 
 
@@ -114,11 +113,11 @@ def validate_allocate(resource: Resource, ids: Sequence[str]) -> list[Advertised
     devices = known_devices(resource, ids, "invalid request")
     if (
         resource.fail_requests_greater_than_one
-        and resource.sharing != NONE
+        and resource.serving.shares
         and len(ids) > 1
         and any(is_replica(i) for i in ids)
     ):
-        block = "mps" if resource.sharing == MPS else "timeSlicing"
+        block = resource.serving.config_key
         raise InvalidRequest(
             f'invalid allocation request for "{resource.name}": maximum request size for '
             f"shared resources is 1; found {len(ids)}. Request 1 {resource.name} per container, "

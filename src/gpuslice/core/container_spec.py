@@ -18,7 +18,6 @@ from gpuslice.core.response import (
     DeviceSpec,
     Mount,
 )
-from gpuslice.core.sharing import MPS
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
@@ -67,14 +66,7 @@ def container_allocation(
             annotations[key] = ",".join(names)
         if CDI_CRI in strategies:
             cdi = names
-    if resource.sharing == MPS and opts.mps_root:
-        # Upstream's container paths; the host directories are this resource's daemon's,
-        # and /dev/shm is a directory private to the resource, not one node-wide tmpfs.
-        host = posixpath.join(opts.mps_root, resource.name)
-        for name, env in (("pipe", "CUDA_MPS_PIPE_DIRECTORY"), ("log", "CUDA_MPS_LOG_DIRECTORY")):
-            envs[env] = f"/mps/{resource.name}/{name}"
-            mounts.append(Mount(envs[env], posixpath.join(host, name)))
-        mounts.append(Mount("/dev/shm", posixpath.join(host, "shm")))
+    resource.serving.add_container_edits(resource.name, opts.mps_root, envs, mounts)
     for extra in _extras(opts):
         envs[f"NVIDIA_{extra.upper()}"] = "enabled"
     specs: tuple[DeviceSpec, ...] = ()

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.resources import AdvertisedDevice, Resource
-from gpuslice.core.sharing import MPS
 from gpuslice.core.usage import CheckpointEntry
 
 MIB = 1 << 20
@@ -92,7 +91,7 @@ def _gpu_mode(gpu: Gpu, facts: HostFacts, mps_gpus: frozenset[str]) -> GpuIsolat
 def mps_gpus(resources: Iterable[Resource]) -> frozenset[str]:
     """GPUs serving a replicated MPS resource: detect()'s `mps_gpus`."""
     return frozenset(
-        d.gpu_uuid for r in resources if r.sharing == MPS and r.replicated for d in r.devices
+        d.gpu_uuid for r in resources if r.serving.pinned_memory and r.replicated for d in r.devices
     )
 
 
@@ -186,7 +185,11 @@ def device_limit(device: AdvertisedDevice, resource: str, policy: MemoryPolicy) 
     """The limit one device of `resource` carries; None: unlimited (a whole GPU, MIG,
     or turned off)."""
     rule = policy.rule(resource) or LimitRule()
-    if rule.off or device.is_mig or (device.replicas < 2 and rule.hard is None):
+    if (
+        rule.off
+        or not device.served_as.memory_limits
+        or (device.replicas < 2 and rule.hard is None)
+    ):
         return None
     hard = device.memory_mib * MIB // device.replicas if rule.hard is None else rule.hard
     return Limit(hard, min(rule.soft, hard))
@@ -212,7 +215,7 @@ def check_policy(resources: Sequence[Resource], policy: MemoryPolicy) -> None:
         res = by_name.get(name)
         if rule.off or res is None:
             continue
-        if any(d.is_mig for d in res.devices):
+        if not all(d.served_as.memory_limits for d in res.devices):
             raise ConfigError(f"{where}: {name} is a MIG resource; the driver limits no MIG device")
         for d in res.devices:
             total = d.memory_mib * MIB

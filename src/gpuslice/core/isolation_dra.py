@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.claims import ClaimAllocation, config_for
-from gpuslice.core.dra.devices import MIG, DraDevice
+from gpuslice.core.dra.devices import DraDevice
 from gpuslice.core.isolation import MIB, Limit, MemoryPolicy
 from gpuslice.core.quantity import parse_bytes
 
@@ -78,7 +78,7 @@ def claim_limits(
     for alloc, device in zip(claim.devices, devices, strict=True):
         gpu = snapshot.gpu_by_uuid(device.gpu_uuid)
         rule = policy.rule(device.resource)
-        if gpu is None or device.kind == MIG or (rule is not None and rule.off):
+        if gpu is None or not device.served_as.memory_limits or (rule is not None and rule.off):
             continue
         hard = (
             alloc.memory_mib * MIB

@@ -171,7 +171,7 @@ def _base(
     return _keyed(
         resource,
         (
-            ("product", _product(parts, rule)),
+            ("product", _product(parts, rule, plan.serving.product_suffix if plan else "")),
             ("count", count),
             ("replicas", replicas),
             ("sharing-strategy", strategy),
@@ -185,10 +185,12 @@ def _rule(plan: SharingPlan | None, resource: str) -> ReplicaRule | None:
     return next((r for r in plan.rules if r.name == resource), None)
 
 
-def _product(parts: tuple[str, ...], rule: ReplicaRule | None) -> str:
+def _product(parts: tuple[str, ...], rule: ReplicaRule | None, suffix: str = "") -> str:
+    """The parts as one label value, with the sharing strategy's `suffix` while `rule`
+    replicates the resource under its own name."""
     words = [sanitise(p) for p in parts if p]
-    if words and rule is not None and rule.replicas > 1 and not rule.rename:
-        words.append("SHARED")
+    if words and suffix and rule is not None and rule.replicas > 1 and not rule.rename:
+        words.append(suffix)
     return "-".join(words)
 
 

@@ -11,10 +11,11 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from gpuslice.core import strategies
 from gpuslice.core.devices import Gpu, HardwareSnapshot
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.label_groups import Warn, family, resource_labels, sanitise
-from gpuslice.core.sharing import MPS, ResourceSettings
+from gpuslice.core.label_groups import family, resource_labels, sanitise
+from gpuslice.core.sharing import ResourceSettings
 
 __all__ = [
     "TIMESTAMP_LABEL",
@@ -78,7 +79,11 @@ def label_node(
     labels["nvidia.com/gpu.machine"] = sanitise(name) or UNKNOWN
     labels |= _version_labels(snapshot)
     labels["nvidia.com/mig.capable"] = _flag(any(g.mig_capable for g in gpus))
-    labels["nvidia.com/mps.capable"] = _flag(_mps_capable(gpus, settings, warnings.append))
+    serving = settings.sharing.serving
+    for strategy in strategies.STRATEGIES:  # each capable label: true only for the one in force
+        if strategy.capable_label:
+            capable = strategy is serving and strategy.capable(gpus, warnings.append)
+            labels[strategy.capable_label] = _flag(capable)
     labels["nvidia.com/gpu.mode"] = _mode(gpus)
     labels["nvidia.com/vgpu.present"] = "false"
     labels |= resource_labels(gpus, settings, warnings.append)
@@ -143,20 +148,6 @@ def _version_labels(snapshot: HardwareSnapshot) -> dict[str, str]:
             labels[f"nvidia.com/cuda.runtime-version.{suffix}"] = str(number)
         labels["nvidia.com/cuda.runtime-version.full"] = f"{cuda_major}.{cuda_minor}"
     return labels
-
-
-def _mps_capable(gpus: tuple[Gpu, ...], settings: ResourceSettings, warn: Warn) -> bool:
-    if settings.sharing.strategy != MPS:
-        return False
-    enabled = [str(g.index) for g in gpus if g.mig_enabled]
-    if enabled:
-        # Upstream's labeller fails here (and GFD restarts); we label false and say why.
-        warn(
-            f"MPS sharing is not supported with MIG enabled (GPU {', '.join(enabled)}); "
-            "mps.capable is false"
-        )
-        return False
-    return True
 
 
 def _mode(gpus: tuple[Gpu, ...]) -> str:

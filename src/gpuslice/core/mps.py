@@ -4,8 +4,8 @@ Pure: what each daemon needs (its GPUs, directories, per-client limits and the
 commands that set them), and the refusals. As upstream: a client's pinned device
 memory is the GPU's memory divided by its replicas (or a size the user gives), its
 active thread percentage 100 / replicas, and a GPU takes at most 48 clients (16 below
-compute capability 7.5). MPS on MIG-enabled GPUs and without mpsRoot are refused where
-the resources and the config are built (core.resources, config.convert).
+compute capability 7.5). MPS on MIG-enabled GPUs and without mpsRoot are refused by
+the strategy (core.strategies.mps) where the resources and the config are built.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import HardwareError, HardwareSettingError
 from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import MPS
 
 CONTAINER_ROOT = "/mps"  # upstream's container paths: /mps/<resource>/{pipe,log}
 
@@ -89,7 +88,7 @@ def plan_daemons(
     by_uuid = {g.uuid: g for g in gpus}
     plans = []
     for res in resources:
-        if res.sharing != MPS or not res.replicated or not mps_root:
+        if not res.serving.daemon or not res.replicated or not mps_root:
             continue
         used = sorted((by_uuid[u] for u in res.devices_per_gpu), key=lambda g: g.index)
         for gpu in used:

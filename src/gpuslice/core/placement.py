@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.sharing import MPS, ReplicaRule, SharingPlan
+from gpuslice.core.sharing import ReplicaRule, SharingPlan
 
 if TYPE_CHECKING:
     from gpuslice.core.resources import AdvertisedDevice
@@ -76,7 +76,7 @@ def place(
     for device_id, rule in owner.items():
         placed[device_id] = Placement(rule.advertised_name, rule.replicas)
     _check_served_once(base, placed, owner)
-    if plan.strategy == MPS:
+    if plan.serving.uniform_replicas:
         _check_uniform(base, placed, owner)
     return Layout(placed, tuple(warnings))
 

@@ -29,10 +29,10 @@ from gpuslice.core.sharing import (
     MIG_MIXED,
     MIG_NONE,
     MIG_SINGLE,
-    MPS,
     NONE,
     ResourceSettings,
 )
+from gpuslice.core.strategies import WHOLE, Strategy, by_name, of_device
 
 RESOURCE_PREFIX = "nvidia.com/"
 _COMPUTE_SLICES = re.compile(r"\d+c\.")  # "1c." in "1c.3g.20gb"
@@ -66,12 +66,17 @@ class AdvertisedDevice:
     def is_mig(self) -> bool:
         return ":" in self.index
 
+    @property
+    def served_as(self) -> Strategy:
+        """How the device itself is served (a MIG slice or whole), beside its sharing."""
+        return of_device(self.is_mig)
+
 
 @dataclass(frozen=True, slots=True)
 class Resource:
     name: str
     devices: tuple[AdvertisedDevice, ...]
-    sharing: str = NONE  # the node's active strategy when this resource is replicated
+    sharing: str = NONE  # the node's sharing strategy's name when this resource is replicated
     fail_requests_greater_than_one: bool = False
     _by_id: dict[str, AdvertisedDevice] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
@@ -79,6 +84,8 @@ class Resource:
     _per_gpu: Counter[str] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=Counter
     )
+    # The strategy `sharing` names, resolved once rather than per Allocate.
+    serving: Strategy = field(init=False, repr=False, compare=False, hash=False, default=WHOLE)
 
     @property
     def socket_name(self) -> str:
@@ -104,6 +111,7 @@ class Resource:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
         object.__setattr__(self, "_per_gpu", Counter(d.gpu_uuid for d in self.devices))
+        object.__setattr__(self, "serving", by_name(self.sharing))
 
 
 def socket_name(resource_name: str) -> str:
@@ -175,8 +183,7 @@ def build_resources(snapshot: HardwareSnapshot, settings: ResourceSettings) -> t
     Raises HardwareError when the layout breaks the MIG strategy's rules, when MPS meets
     a MIG-enabled GPU, or when the per-GPU selection is contradictory (core.placement)."""
     plan = settings.sharing
-    if plan.strategy == MPS:
-        _require_no_mig(snapshot.gpus)
+    plan.serving.check_gpus(snapshot.gpus)
     base = _base_devices(snapshot.gpus, settings.mig_strategy)
     placed = place(base, plan, mig_aliases(snapshot.gpus)).placed
     grouped: dict[str, list[AdvertisedDevice]] = {}
@@ -286,16 +293,6 @@ def _mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
         numa_node=gpu.numa_node,
         memory_mib=mig.memory_mib,
     )
-
-
-def _require_no_mig(gpus: tuple[Gpu, ...]) -> None:
-    for gpu in gpus:
-        if gpu.mig_enabled:
-            raise HardwareError(
-                f"sharing.mps: GPU {gpu.index} ({gpu.uuid}) has MIG enabled, and MPS cannot "
-                "share a MIG-enabled GPU (as upstream); disable MIG on it or share with "
-                "timeSlicing"
-            )
 
 
 def _base_devices(gpus: tuple[Gpu, ...], strategy: str) -> dict[str, list[AdvertisedDevice]]:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-NONE = "none"
-TIME_SLICING = "time-slicing"
-MPS = "mps"
+from gpuslice.core import strategies
+from gpuslice.core.strategies import Strategy
+
+NONE = strategies.WHOLE.name
+TIME_SLICING = strategies.TIME_SLICING.name
+MPS = strategies.MPS.name
 
 MIG_NONE = "none"
 MIG_SINGLE = "single"
@@ -34,9 +37,13 @@ class ReplicaRule:
 
 @dataclass(frozen=True, slots=True)
 class SharingPlan:
-    strategy: str = NONE  # none | time-slicing | mps
+    strategy: str = NONE  # the name of a sharing strategy (core.strategies)
     rules: tuple[ReplicaRule, ...] = ()
     fail_requests_greater_than_one: bool = False
+
+    @property
+    def serving(self) -> Strategy:
+        return strategies.by_name(self.strategy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,7 @@ def dra_front_end(
     from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
     from gpuslice.adapters.dra.server import DraServer
     from gpuslice.adapters.kube.dra_api import KubeDraApi
+    from gpuslice.frontends.dra.dynamic_mig import MigInstances
 
     api = KubeDraApi(kubeconfig=opts.kubeconfig or None)
     plugin_dir = os.path.join(opts.dra_plugins_dir, dra.driver)
@@ -158,6 +159,7 @@ def dra_front_end(
         control_devices=machine.control_devices(),
         shares=shares,
         time_slicer=machine.time_slicer(),
+        mig=MigInstances(devices.on_backend) if dra.dynamic_mig else None,
     )
     return DraFrontEnd(
         devices,

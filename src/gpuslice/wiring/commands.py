@@ -1,5 +1,5 @@
-"""The other commands' compositions: `gpuslice labels`, `advise` and its simulated
-Prometheus' models."""
+"""The other commands' compositions: `gpuslice labels`, `advise` and the simulated
+models' MIG profiles it proposes from."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from gpuslice.config.options import RunOptions
 from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.core.advice import Series, SeriesFacts
+from gpuslice.core.mig import MigProfileSpec
 from gpuslice.core.ports import NodeApi
 from gpuslice.services.config_manager import ConfigManager, NoCluster
 from gpuslice.services.config_source import FileEntries
@@ -72,3 +73,11 @@ def mig_profiles() -> dict[str, dict[str, int]]:
         for m in MODELS.values()
         if m.mig_profiles
     }
+
+
+def mig_tables() -> dict[str, tuple[MigProfileSpec, ...]]:
+    """GPU model name -> its GPU-instance profiles and placements, from the simulated
+    models (the MIG user guide's tables)."""
+    from gpuslice.adapters.fake.models import MODELS
+
+    return {m.name: m.mig_table for m in MODELS.values() if m.mig_table}

@@ -417,6 +417,7 @@ UPSTREAM = {
     "dra-consumable-shares": ("GPUSLICE_DRA_CONSUMABLE_SHARES", None),
     "dra-taint-unhealthy": ("GPUSLICE_DRA_TAINT_UNHEALTHY", None),
     "dra-mig-devices": ("GPUSLICE_DRA_MIG_DEVICES", None),
+    "dra-dynamic-mig": ("GPUSLICE_DRA_DYNAMIC_MIG", None),
     "dra-plugins-dir": ("GPUSLICE_DRA_PLUGINS_DIR", None),
     "dra-registry-dir": ("GPUSLICE_DRA_REGISTRY_DIR", None),
     "cdi-spec-dir": ("CDI_SPEC_DIR", None),
@@ -512,7 +513,7 @@ def test_inspect_takes_only_what_changes_its_report() -> None:
         "mps-pinned-memory-limit", "cdi-spec-dir",
         # --dra: the ResourceSlices of the node, named after it
         "dra", "dra-driver-name", "dra-device-plugin-resources", "dra-consumable-shares",
-        "dra-taint-unhealthy", "dra-mig-devices", "node-name",
+        "dra-taint-unhealthy", "dra-mig-devices", "dra-dynamic-mig", "node-name",
         # the cgroup facts of each GPU's memory isolation, the limits and the label
         "cgroup-root", "memory-isolation",
     }  # fmt: skip

@@ -22,13 +22,18 @@ from gpuslice.core.dra.claims import (
     sharing_for,
 )
 from gpuslice.core.dra.devices import DraOptions, build_devices
-from gpuslice.core.dra.opaque import MPS, TIME_SLICING, parse_config, quantity_mib
+from gpuslice.core.dra.fields import quantity_mib
+from gpuslice.core.dra.opaque import parse_config
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.resources import build_resources
 from gpuslice.core.sharing import MIG_MIXED, MIG_NONE, ReplicaRule
 from gpuslice.core.sharing import MPS as NODE_MPS
+from gpuslice.core.strategies import MPS as MPS_SHARING
+from gpuslice.core.strategies import TIME_SLICING as TIME_SLICED
 
 from . import builders as b
+
+TIME_SLICING, MPS = TIME_SLICED.dra_name, MPS_SHARING.dra_name
 
 DRIVER = "gpu.nvidia.com"
 OPTS = DraOptions()

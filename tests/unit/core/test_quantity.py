@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.core.dra.opaque import quantity_mib
+from gpuslice.core.dra.fields import quantity_mib
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.quantity import parse_bytes
 

@@ -71,6 +71,12 @@ class _Device(msgspec.Struct, rename="camel"):
     memory_mib: int | None = None  # the GPU memory the claim was charged (consumable)
 
 
+class _Instance(msgspec.Struct, rename="camel"):
+    parent_uuid: str
+    profile: str
+    placement_start: int
+
+
 class _Claim(msgspec.Struct, rename="camel"):
     namespace: str
     name: str
@@ -79,6 +85,7 @@ class _Claim(msgspec.Struct, rename="camel"):
     state: str = COMPLETED
     pods: list[str] = msgspec.field(default_factory=list)  # reservedFor's, when prepared
     limits: dict[str, _Limit] = msgspec.field(default_factory=dict)  # GPU UUID -> limit
+    mig_instances: list[_Instance] = msgspec.field(default_factory=list)  # --dra-dynamic-mig
 
 
 class _Head(msgspec.Struct):
@@ -198,9 +205,9 @@ def _encode(claim: PreparedClaim) -> _Claim:
     ]
     state = COMPLETED if claim.completed else STARTED
     limits = {gpu: _Limit(lim.hard, lim.soft) for gpu, lim in claim.limits}
-    return _Claim(
-        claim.ref.namespace, claim.ref.name, devices, claim.spec, state, list(claim.pods), limits
-    )
+    instances = [_Instance(*i) for i in claim.instances]
+    return _Claim(claim.ref.namespace, claim.ref.name, devices, claim.spec, state,
+                  list(claim.pods), limits, instances)  # fmt: skip
 
 
 def _decode(uid: str, claim: _Claim) -> PreparedClaim:
@@ -212,6 +219,7 @@ def _decode(uid: str, claim: _Claim) -> PreparedClaim:
     )
     ref = ClaimRef(claim.namespace, uid, claim.name)
     limits = tuple((gpu, Limit(lim.hard, lim.soft)) for gpu, lim in sorted(claim.limits.items()))
+    instances = tuple((i.parent_uuid, i.profile, i.placement_start) for i in claim.mig_instances)
     return PreparedClaim(
-        ref, devices, claim.spec, claim.state != STARTED, tuple(claim.pods), limits
+        ref, devices, claim.spec, claim.state != STARTED, tuple(claim.pods), limits, instances
     )

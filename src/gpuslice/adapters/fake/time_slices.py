@@ -13,8 +13,8 @@ import os
 import threading
 
 from gpuslice.adapters.outside_files import read_bytes, replace_atomically
-from gpuslice.core.dra.opaque import INTERVALS
 from gpuslice.core.errors import BackendError
+from gpuslice.core.strategies.time_slicing import INTERVALS
 
 MAX_BYTES = 64 * 1024
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 import threading
 
-from gpuslice.core.dra.opaque import INTERVALS
 from gpuslice.core.errors import BackendError
+from gpuslice.core.strategies.time_slicing import INTERVALS
 
 TIMEOUT_S = 10.0
 MAX_OUTPUT = 400

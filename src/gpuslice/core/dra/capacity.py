@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuslice.core.dra.devices import DraDevice, Json
-from gpuslice.core.dra.opaque import quantity_mib
+from gpuslice.core.dra.fields import quantity_mib
 
 SHARES, MEMORY, MULTIPROCESSORS = "shares", "memory", "multiprocessors"
 

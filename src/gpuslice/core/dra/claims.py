@@ -17,19 +17,12 @@ from dataclasses import dataclass
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.dra.capacity import charged_memory_mib
-from gpuslice.core.dra.devices import GPU, DraDevice, DraOptions
-from gpuslice.core.dra.opaque import (
-    GPU_CONFIG,
-    MIG_CONFIG,
-    MPS,
-    TIME_SLICING,
-    SharingConfig,
-    parse_config,
-)
+from gpuslice.core.dra.devices import DraDevice, DraOptions
+from gpuslice.core.dra.opaque import SharingConfig, parse_config
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.isolation import Limit
-from gpuslice.core.sharing import MPS as NODE_MPS
+from gpuslice.core.strategies import by_dra_name
 
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
 
@@ -91,6 +84,9 @@ class PreparedClaim:
     # when prepared, and (GPU UUID, limit) pairs; kept so a restarted agent keeps them
     pods: tuple[str, ...] = ()
     limits: tuple[tuple[str, Limit], ...] = ()
+    # MIG instances created for it (--dra-dynamic-mig): (GPU UUID, profile, placement
+    # start), recorded PrepareStarted before they are created
+    instances: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,18 +205,22 @@ def sharing_for(
         config = config_for(claim, alloc.request)
         if config is None:
             continue
-        want = GPU_CONFIG if device.kind == GPU else MIG_CONFIG
+        want = device.served_as.dra_config_kind
         if config.kind != want:
             raise ClaimError(
                 f"claim {claim.ref}: request {alloc.request}: {config.kind} does not apply to "
                 f"{device.kind} device {device.name}; use {want}"
             )
-        if config.strategy == MPS:
-            if device.sharing != NODE_MPS or not mps_root:
-                raise ClaimError(
-                    f"claim {claim.ref}: request {alloc.request} asks for MPS, but this node "
-                    f"does not share {device.name} with MPS (sharing.mps in its config)"
-                )
+        strategy = by_dra_name(config.strategy)
+        if strategy is None:
+            continue
+        problem = strategy.claim_problem(device.serving, device.name, mps_root)
+        if problem:
+            raise ClaimError(
+                f"claim {claim.ref}: request {alloc.request} asks for {strategy.dra_name}, "
+                f"but {problem}"
+            )
+        if strategy.daemon:
             mps.add(device.resource)
             threads = config.thread_percentage
             ordinal = order.index(devices.index(device))
@@ -229,12 +229,7 @@ def sharing_for(
             )
             if limit is not None:
                 pinned[ordinal] = limit
-        elif config.strategy == TIME_SLICING:
-            if device.sharing == NODE_MPS:
-                raise ClaimError(
-                    f"claim {claim.ref}: request {alloc.request} asks for TimeSlicing, but "
-                    f"this node shares {device.name} with MPS"
-                )
+        else:
             interval = config.interval
     if len(mps) > 1:
         raise ClaimError(

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice
 from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import MIG_MIXED, MPS, NONE, TIME_SLICING, ResourceSettings
+from gpuslice.core.sharing import MIG_MIXED, NONE, ResourceSettings
+from gpuslice.core.strategies import Strategy, by_name, of_device
 
 STANDARD = "resource.kubernetes.io"  # the standard attributes' domain
 GPU, MIG = "gpu", "mig"
@@ -40,6 +41,9 @@ class DraOptions:
     # Publish the MIG devices of MIG-enabled GPUs, as NVIDIA's DRA driver does (it has no
     # MIG strategy), whatever the device plugin's migStrategy; False: follow it.
     mig_devices: bool = True
+    # Publish every MIG placement of the GPUs DRA partitions as a device consuming the
+    # GPU's shared counters, and create the instance in prepare (core.dra.partitions).
+    dynamic_mig: bool = False
 
     @property
     def cdi_kind(self) -> str:
@@ -55,16 +59,25 @@ class DraDevice:
     kind: str  # GPU or MIG
     index: str  # "0" for a GPU, "0:1" for a MIG device (the node's numbering)
     resource: str  # the advertised resource it comes from
-    sharing: str  # NONE, TIME_SLICING or MPS
+    sharing: str  # the name of the node's sharing strategy for it (core.strategies)
     replicas: int
     paths: tuple[str, ...]  # device nodes
     attributes: Mapping[str, Json] = field(default_factory=dict)
     capacity: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def serving(self) -> Strategy:
+        return by_name(self.sharing)
+
+    @property
+    def served_as(self) -> Strategy:
+        """How the device itself is served (a MIG slice or whole), beside its sharing."""
+        return of_device(self.kind == MIG)
+
+    @property
     def shared(self) -> bool:
-        """Several claims may hold it at once (time-slicing or MPS replicas)."""
-        return self.sharing in (TIME_SLICING, MPS) and self.replicas > 1
+        """Several claims may hold it at once (replicas of a sharing strategy)."""
+        return self.serving.shares and self.replicas > 1
 
 
 def driver_name_problem(name: str) -> str:
@@ -216,3 +229,36 @@ def _string(value: str) -> Json:
 def _label(text: str) -> str:
     """Lower-case letters, digits and dashes only: 1g.5gb+me -> 1g5gbme."""
     return re.sub(r"[^a-z0-9-]", "", text.lower()).strip("-") or "x"
+
+
+# For partitionable MIG devices (core.dra.partitions): the whole GPU, and a placement's
+# attributes, described as the devices above are.
+
+
+def whole_gpu(snapshot: HardwareSnapshot, gpu: Gpu) -> DraDevice:
+    """The whole GPU, unshared, as build_devices describes it."""
+    return DraDevice(
+        name=gpu_name(gpu),
+        uuid=gpu.uuid,
+        gpu_uuid=gpu.uuid,
+        kind=GPU,
+        index=str(gpu.index),
+        resource="",
+        sharing=NONE,
+        replicas=1,
+        paths=(gpu.device_path,),
+        attributes={**_gpu_attributes(gpu), **_common(snapshot, gpu)},
+        capacity=_gpu_cap(gpu),
+    )
+
+
+def partition_attributes(snapshot: HardwareSnapshot, gpu: Gpu, profile: str) -> dict[str, Json]:
+    """A MIG placement's: `type: mig`, `profile`, `parentUUID` and its parent's common ones
+    (no `uuid`: the instance does not exist yet)."""
+    own = {"type": _string(MIG), "parentUUID": _string(gpu.uuid), "profile": _string(profile)}
+    return {**own, **_common(snapshot, gpu)}
+
+
+def name_label(text: str) -> str:
+    """`text` as part of a device name: 1g.5gb+me -> 1g5gbme."""
+    return _label(text)

@@ -1,7 +1,9 @@
 """The ResourceSlices of this node: one pool named after the node, every slice carrying
 the pool's generation and slice count, split at the API's device limit (128 per slice,
-64 when a slice carries taints). Unhealthy devices (a GPU's failure covers its MIG
-devices) are withdrawn, or kept with a NoSchedule taint under `taint_unhealthy`.
+64 when a slice carries taints or consumes counters). Shared counters (--dra-dynamic-mig)
+go in slices of their own, at most 8 counter sets each. Unhealthy devices (a GPU's
+failure covers its MIG devices and partitions) are withdrawn, or kept with a NoSchedule
+taint under `taint_unhealthy`.
 
 The objects are what the API server is sent (resource.k8s.io/v1), as plain JSON.
 """
@@ -16,7 +18,8 @@ from gpuslice.core.dra.devices import MAX_ATTRIBUTES, DraDevice, DraOptions, Jso
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
-MAX_TAINTED = 64
+MAX_TAINTED = 64  # also when devices consume counters
+MAX_COUNTER_SETS = 8  # per slice, in slices without devices
 UNHEALTHY_TAINT = "unhealthy"  # key <driver>/unhealthy
 
 
@@ -67,11 +70,25 @@ def published(
 
 
 def build_slices(
-    entries: Sequence[Json], *, node: str, opts: DraOptions, generation: int
+    entries: Sequence[Json],
+    *,
+    node: str,
+    opts: DraOptions,
+    generation: int,
+    counter_sets: Sequence[Json] = (),
 ) -> list[Json]:
-    """The slices holding `entries` (at least one, so the pool exists when empty)."""
-    size = MAX_TAINTED if any("taints" in e for e in entries) else MAX_DEVICES
-    chunks = [list(entries[i : i + size]) for i in range(0, len(entries), size)] or [[]]
+    """The slices holding `entries` (at least one, so the pool exists when empty) and
+    `counter_sets` (--dra-dynamic-mig): those in slices of their own, MAX_COUNTER_SETS
+    each, first; devices that consume counters go MAX_TAINTED to a slice."""
+    limited = counter_sets or any("taints" in e for e in entries)
+    size = MAX_TAINTED if limited else MAX_DEVICES
+    chunks: list[tuple[str, list[Json]]] = [
+        ("sharedCounters", list(counter_sets[i : i + MAX_COUNTER_SETS]))
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
+    chunks += [("devices", list(entries[i : i + size])) for i in range(0, len(entries), size)]
+    if not entries and not counter_sets:
+        chunks.append(("devices", []))
     return [
         {
             "apiVersion": API_VERSION,
@@ -85,10 +102,10 @@ def build_slices(
                     "generation": generation,
                     "resourceSliceCount": len(chunks),
                 },
-                "devices": chunk,
+                key: chunk,
             },
         }
-        for i, chunk in enumerate(chunks)
+        for i, (key, chunk) in enumerate(chunks)
     ]
 
 

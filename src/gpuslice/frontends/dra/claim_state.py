@@ -15,13 +15,20 @@ now (an I/O error) is not taken for an empty one: calls refuse until it reads ag
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import structlog
 
 from gpuslice.core.dra.claim_cdi import spec_claim_uid, spec_file_name
-from gpuslice.core.dra.claims import ClaimError, ClaimRef, PreparedClaim, allocated_here
+from gpuslice.core.dra.claims import (
+    ClaimError,
+    ClaimRef,
+    ClaimSharing,
+    PreparedClaim,
+    allocated_here,
+)
 from gpuslice.core.dra.devices import DraDevice, DraOptions
+from gpuslice.core.dra.partitions import Partition
 from gpuslice.core.errors import BackendError, BadCheckpoint
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi
 from gpuslice.frontends.dra.recovery import Recovery
@@ -37,6 +44,8 @@ class Planned:
     text: str  # its CDI spec
     devices: tuple[DraDevice, ...]
     interval: str | None  # a TimeSlicing interval asked for
+    sharing: ClaimSharing = field(default_factory=ClaimSharing)
+    partitions: tuple[Partition, ...] = ()  # its partitionable MIG devices
 
 
 class ClaimState:
@@ -71,6 +80,11 @@ class ClaimState:
     async def _plan(self, ref: ClaimRef, obj: dict[str, object], *, recovering: bool = False
                     ) -> Planned:  # fmt: skip
         raise NotImplementedError  # DraDriver's
+
+    async def _rebuilt_text(self, planned: Planned) -> str:
+        """The spec of a claim rebuilt from the API server (DraDriver: naming its MIG
+        instances as they are). Raises ClaimError."""
+        return planned.text
 
     async def restore(self) -> None:
         """At start, before the sockets are ours: the claims prepared before, and their
@@ -156,10 +170,11 @@ class ClaimState:
                 continue
             try:
                 planned = await self._plan(ref, obj, recovering=True)
+                text = await self._rebuilt_text(planned)
             except ClaimError as exc:
                 log.warning("dra_claim_not_rebuilt", claim=str(ref), uid=ref.uid, error=str(exc))
                 continue
-            rebuilt[ref.uid] = (replace(planned.claim, completed=True), planned.text)
+            rebuilt[ref.uid] = (replace(planned.claim, completed=True), text)
         try:
             for claim, text in rebuilt.values():
                 await self._specs.write(claim.spec, text)

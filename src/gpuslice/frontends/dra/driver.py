@@ -34,6 +34,7 @@ from gpuslice.core.dra.claim_cdi import claim_spec, claim_spec_name, spec_file_n
 from gpuslice.core.dra.claims import (
     ClaimError,
     ClaimRef,
+    ClaimSharing,
     PreparedClaim,
     PrepareResult,
     check_devices,
@@ -49,6 +50,7 @@ from gpuslice.core.isolation import Limit
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeView, TimeSlicer
 from gpuslice.frontends.dra.claim_state import ClaimState, Planned
+from gpuslice.frontends.dra.dynamic_mig import Key, MigInstances
 from gpuslice.services.claim_shares import ClaimShares
 
 log = structlog.get_logger("gpuslice.dra")
@@ -72,11 +74,13 @@ class DraDriver(ClaimState):
         clock: Callable[[], float] = time.time,
         shares: ClaimShares | None = None,  # per-pod memory limits (--memory-isolation)
         time_slicer: TimeSlicer | None = None,
+        mig: MigInstances | None = None,  # --dra-dynamic-mig
     ) -> None:
         super().__init__(
             node=node, opts=opts, api=api, checkpoint=checkpoint, specs=specs, shares=shares
         )
         self._slicer = time_slicer
+        self.mig = mig
         self._view = view
         self.toolkit = ToolkitDevices()
         self._control = tuple(control_devices)
@@ -166,16 +170,20 @@ class DraDriver(ClaimState):
         except ClaimError as exc:
             return self._refused(ref, str(exc))
         claim, spec = planned.claim, planned.claim.spec
-        try:  # PrepareStarted only marks the spec as ours should the agent be killed: a node
-            # crash losing it loses nothing (the spec is an orphan, swept), and a torn file
-            # is rebuilt; PrepareCompleted, which the answer depends on, is durable
+        try:  # PrepareStarted only marks the spec (and the MIG instances) as ours should the
+            # agent be killed: a node crash losing it loses nothing (the spec is an orphan,
+            # swept; MIG instances do not survive a reboot), and a torn file is rebuilt;
+            # PrepareCompleted, which the answer depends on, is durable
             await self._record(claim, durable=False)
+            text = planned.text
+            if planned.partitions:
+                text = await self._create_instances(ref, planned)
             if spec:
-                await self._specs.write(spec, planned.text)
+                await self._specs.write(spec, text)
             await self._apply_interval(planned.devices, planned.interval)
             await self._record(replace(claim, completed=True))
         except BackendError as exc:
-            await self._roll_back(ref.uid, spec)
+            await self._roll_back(ref.uid, spec, claim.instances)
             return self._refused(ref, f"claim {ref}: {exc}")
         if self.recovery is not None:
             self.recovery.unverified.discard(ref.uid)
@@ -202,15 +210,7 @@ class DraDriver(ClaimState):
         )
         sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
         result = prepared_devices(claim, devices, self.opts, self.toolkit)
-        text = claim_spec(
-            ref.uid,
-            devices,
-            sharing,
-            self.opts,
-            mps_root=settings.allocate.mps_root,
-            dev_root=settings.allocate.dev_root,
-            control_devices=self._control,
-        )
+        text = self._spec_text(ref.uid, devices, sharing)
         pods: tuple[str, ...] = ()
         limits: dict[str, Limit] = {}
         if self.shares is not None:
@@ -218,10 +218,57 @@ class DraDriver(ClaimState):
             limits = claim_limits(obj, claim, devices, self._view.snapshot, settings.memory,
                                   self.driver)  # fmt: skip
         spec = spec_file_name(self.opts, ref.uid) if devices else ""
-        recorded = PreparedClaim(
-            ref, result, spec, completed=False, pods=pods, limits=tuple(sorted(limits.items()))
+        parts = self.mig.now.by_name if self.mig is not None else {}
+        mine = tuple(parts[d.name] for d in devices if d.name in parts)
+        instances = tuple(
+            (p.device.gpu_uuid, p.profile, p.placement.start) for p in mine if p.placement
         )
-        return Planned(recorded, text, tuple(devices), sharing.interval)
+        limited = tuple(sorted(limits.items()))
+        recorded = PreparedClaim(
+            ref, result, spec, completed=False, pods=pods, limits=limited, instances=instances
+        )
+        return Planned(recorded, text, tuple(devices), sharing.interval, sharing, mine)
+
+    def _spec_text(self, uid: str, devices: Sequence[DraDevice], sharing: ClaimSharing) -> str:
+        settings = self._view.settings
+        return claim_spec(
+            uid,
+            devices,
+            sharing,
+            self.opts,
+            mps_root=settings.allocate.mps_root,
+            dev_root=settings.allocate.dev_root,
+            control_devices=self._control,
+        )
+
+    async def _rebuilt_text(self, planned: Planned) -> str:
+        """A claim rebuilt from the API server: its spec names its MIG instances as they
+        are (a partition whose instance is gone is not rebuilt)."""
+        if not planned.partitions or self.mig is None:
+            return planned.text
+        by_name = {p.device.name: p for p in planned.partitions}
+        concrete = []
+        for device in planned.devices:
+            part = by_name.get(device.name)
+            try:
+                found = device if part is None else await self.mig.find(part)
+            except BackendError as exc:
+                raise ClaimError(f"claim {planned.claim.ref}: {exc}") from None
+            if found is None:
+                raise ClaimError(f"claim {planned.claim.ref}: no MIG instance at {device.name}")
+            concrete.append(found)
+        return self._spec_text(planned.claim.ref.uid, concrete, planned.sharing)
+
+    async def _create_instances(self, ref: ClaimRef, planned: Planned) -> str:
+        """The claim's MIG instances made at their placements; its spec's text naming
+        them. Raises BackendError."""
+        assert self.mig is not None
+        by_name = {p.device.name: p for p in planned.partitions}
+        concrete = []
+        for device in planned.devices:
+            part = by_name.get(device.name)
+            concrete.append(device if part is None else await self.mig.create(part))
+        return self._spec_text(ref.uid, concrete, planned.sharing)
 
     async def _apply_interval(self, devices: Sequence[DraDevice], interval: str | None) -> None:
         """A TimeSlicing config's interval set on the claim's GPUs (a MIG device's parent
@@ -238,9 +285,15 @@ class DraDriver(ClaimState):
         await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=durable)
         self.prepared[claim.ref.uid] = claim
 
-    async def _roll_back(self, uid: str, spec: str) -> None:
+    async def _roll_back(self, uid: str, spec: str, instances: Sequence[Key] = ()) -> None:
         if spec:
             await self._remove_quietly(spec)
+        if instances and self.mig is not None:
+            try:
+                await self.mig.destroy(instances)
+            except BackendError as exc:  # left PrepareStarted: the next start sweeps them
+                log.error("dra_mig_not_destroyed", uid=uid, error=str(exc))
+                return
         if uid in self.prepared:
             remaining = {u: c for u, c in self.prepared.items() if u != uid}
             try:
@@ -262,6 +315,8 @@ class DraDriver(ClaimState):
                 self.recovery.unverified.discard(ref.uid)
             return ""
         try:
+            if done.instances and self.mig is not None:
+                await self.mig.destroy(done.instances)
             if done.spec:
                 await self._specs.remove(done.spec)
             remaining = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
@@ -274,6 +329,18 @@ class DraDriver(ClaimState):
             self.shares.drop(ref.uid)
         log.info("dra_claim_unprepared", claim=str(done.ref), uid=ref.uid)
         return ""
+
+    async def _sweep(self) -> None:
+        """The claims' and specs' sweep, then (--dra-dynamic-mig) every MIG instance on
+        the partitioned GPUs that no completed claim owns is destroyed."""
+        await super()._sweep()
+        if self.mig is None:
+            return
+        keep = [k for c in self.prepared.values() if c.completed for k in c.instances]
+        try:
+            await self.mig.sweep(keep)
+        except BackendError as exc:
+            log.error("dra_mig_sweep_failed", error=str(exc))
 
     def _refused(self, ref: ClaimRef, why: str) -> PrepareResult:
         log.warning("dra_claim_refused", claim=str(ref), uid=ref.uid, error=why)

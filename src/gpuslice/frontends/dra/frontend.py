@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.devices import HardwareSnapshot
-from gpuslice.core.dra.devices import build_devices, dra_settings
+from gpuslice.core.dra.devices import DraDevice, Json, build_devices, dra_settings
 from gpuslice.core.dra.slices import published
 from gpuslice.core.errors import BackendError, GpusliceError
 from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.metrics import ResourceState
 from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeView
-from gpuslice.core.resources import build_resources
+from gpuslice.core.resources import Resource, build_resources
 from gpuslice.core.restart import Backoff, jittered
 from gpuslice.core.settings import Settings
 from gpuslice.core.waiting import first_of
@@ -97,15 +97,34 @@ class DraFrontEnd:
         resources = dra_resources(built, self._device_plugin)
         plan = self._view.plan_devices(NAME, snapshot, settings, resources)  # MPS: may raise
         devices = build_devices(snapshot, resources)
+        kept = [r for r in built if r not in resources]  # the device-plugin API's
 
         async def step() -> None:
             await self._view.provide(plan)  # the MPS daemons of its MPS resources among them
             if self._find_toolkit is not None:
                 await self._look_up_toolkit(self._find_toolkit)
-            await self.driver.set_devices(devices)
+            served: Sequence[DraDevice] = devices
+            if self.driver.mig is not None:
+                served = await self._partition(snapshot, kept, devices)
+            await self.driver.set_devices(served)
             self._poked.set()
 
         return step
+
+    async def _partition(
+        self, snapshot: HardwareSnapshot, kept: list[Resource], devices: Sequence[DraDevice]
+    ) -> list[DraDevice]:
+        """--dra-dynamic-mig: the GPUs DRA partitions are published as their partitions
+        (their MIG devices as they are now are not: the sweep destroys those no claim
+        owns). Raises BackendError."""
+        mig = self.driver.mig
+        assert mig is not None
+        keys = [k for c in self.driver.prepared.values() for k in c.instances]
+        mig.now = await mig.plan(snapshot, kept, keys)
+        if mig.now.gpus:
+            log.info("dra_dynamic_mig_gpus", gpus=",".join(sorted(mig.now.gpus)),
+                     devices=len(mig.now.by_name))  # fmt: skip
+        return mig.now.served(devices)
 
     async def _look_up_toolkit(self, find: Callable[[], ToolkitDevices]) -> None:
         self._use_toolkit(await asyncio.to_thread(find))
@@ -169,6 +188,8 @@ class DraFrontEnd:
             out["checkpointRebuilt"] = self.driver.recovery.status()
         if self.waiting_for:
             out["waitingFor"] = self.waiting_for
+        if self.driver.mig is not None:  # which GPUs DRA partitions (the others: not)
+            out["dynamicMigGpus"] = sorted(self.driver.mig.now.gpus)
         if self._find_toolkit is not None and self.driver.toolkit.problem:
             out["cdiToolkit"] = self.driver.toolkit.problem
         return out
@@ -246,7 +267,10 @@ class DraFrontEnd:
             entries = published(
                 self.driver.devices.values(), self._view.unhealthy, self.publisher.opts
             )
-            if await self.publisher.publish(entries) or attempt:
+            counters: list[Json] = []
+            if self.driver.mig is not None:
+                entries, counters = self.driver.mig.now.publish(entries)
+            if await self.publisher.publish(entries, counters) or attempt:
                 self.published.set()
                 self.published = asyncio.Event()
             return

@@ -56,10 +56,10 @@ class SlicePublisher:
         self.stale = True
         return True
 
-    async def publish(self, entries: Sequence[Json]) -> bool:
-        """Publish `entries` (the devices) unless they already are as written; True when
-        it wrote. Raises BackendError, leaving `pending` set."""
-        wanted = list(entries)
+    async def publish(self, entries: Sequence[Json], counter_sets: Sequence[Json] = ()) -> bool:
+        """Publish `entries` (the devices) and `counter_sets` unless they already are as
+        written; True when it wrote. Raises BackendError, leaving `pending` set."""
+        wanted = [*counter_sets, *entries]
         if wanted == self._entries and not self.pending and not self.stale:
             return False
         self.pending = True
@@ -70,7 +70,13 @@ class SlicePublisher:
             self.generation = max(self.generation, *(_generation(s) for s in found), 0)
         new = wanted != self._entries
         slices = (
-            build_slices(wanted, node=self.node, opts=self.opts, generation=self.generation + 1)
+            build_slices(
+                list(entries),
+                node=self.node,
+                opts=self.opts,
+                generation=self.generation + 1,
+                counter_sets=counter_sets,
+            )
             if new
             else self.slices
         )
@@ -78,7 +84,7 @@ class SlicePublisher:
         if new:
             self.generation += 1
             log.info("dra_slices_published", node=self.node, generation=self.generation,
-                     slices=len(slices), devices=len(wanted))  # fmt: skip
+                     slices=len(slices), devices=len(entries))  # fmt: skip
         elif wrote:
             self.repairs += wrote
             log.warning("dra_slices_repaired", node=self.node, generation=self.generation,

@@ -2,8 +2,10 @@
 and watch with field selectors spec.nodeName and spec.driver, get, create, update with
 the resourceVersion check, delete) and ResourceClaims (namespaced: get), with the checks the
 real server makes that a driver can trip over: a slice's driver and pool name are
-required, the pool's slice count must be positive, and at most 128 devices go in a
-slice (64 when one carries taints).
+required, the pool's slice count must be positive, at most 128 devices go in a slice (64
+when one carries taints or consumes counters, and 2 counter consumptions per device), and
+shared counters go in slices without devices, at most 8 counter sets of 1 to 32 counters
+each.
 """
 
 from __future__ import annotations
@@ -173,13 +175,25 @@ def _invalid(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
     spec = body.get("spec", {})
     pool = spec.get("pool", {})
     devices = spec.get("devices") or []
-    limit = 64 if any(d.get("taints") for d in devices) else 128
+    counters = spec.get("sharedCounters") or []
+    limited = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    limit = 64 if limited else 128
     if not spec.get("driver"):
         return "spec.driver", "", "Required value"
     if not pool.get("name"):
         return "spec.pool.name", "", "Required value"
     if pool.get("resourceSliceCount", 0) < 1:
         return "spec.pool.resourceSliceCount", str(pool.get("resourceSliceCount")), "must be > 0"
+    if devices and counters:
+        return "spec", "", "only one of devices and sharedCounters can be set"
+    if len(counters) > 8:
+        return "spec.sharedCounters", str(len(counters)), "must have at most 8 items"
+    for i, cs in enumerate(counters):
+        if not cs.get("counters") or len(cs["counters"]) > 32:
+            return f"spec.sharedCounters[{i}].counters", "", "must have 1 to 32 counters"
     if len(devices) > limit:
         return "spec.devices", str(len(devices)), f"must have at most {limit} items"
+    for i, d in enumerate(devices):
+        if len(d.get("consumesCounters") or []) > 2:
+            return f"spec.devices[{i}].consumesCounters", "", "must have at most 2 items"
     return None
