@@ -31,6 +31,7 @@ from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring.agent import Parts
+from gpuslice.wiring.mig import mig_manager
 from gpuslice.wiring.node import build_node
 
 WITHIN_S = 30.0
@@ -378,3 +379,15 @@ def test_the_file_is_named_by_flag_or_env_var_and_needs_the_node_to_follow(
     )
     with pytest.raises(ConfigError, match=r"^--mig-parted-config \(MIG_PARTED_CONFIG_FILE\) "):
         build_node(opts, None)
+
+
+def test_the_file_and_dra_dynamic_mig_together_are_refused_in_one_line(tmp_path: Path) -> None:
+    """Both would change MIG layouts, each undoing the other's."""
+    flags = {"mig-parted-config": str(tmp_path / "config.yaml"), "node-name": NODE,
+             "kubeconfig": str(tmp_path / "kubeconfig"), "cdi-spec-dir": str(tmp_path)}  # fmt: skip
+    dynamic = resolve_options({**flags, "dra": "true", "dra-dynamic-mig": "true"}, command="run")
+    with pytest.raises(
+        ConfigError, match=r"^--mig-parted-config .* --dra-dynamic-mig .*: choose one$"
+    ):
+        mig_manager(dynamic, MemoryNodeApi())
+    assert mig_manager(resolve_options({**flags, "dra": "true"}, command="run"), MemoryNodeApi())

@@ -20,15 +20,23 @@ NO_API_FOR_MIG = (
     "--kubeconfig"
 )
 
+BOTH_CHANGE_LAYOUTS = (
+    "--mig-parted-config (MIG_PARTED_CONFIG_FILE) and --dra-dynamic-mig (GPUSLICE_DRA_DYNAMIC_MIG) "
+    "both change MIG layouts, and each would undo the other's changes: choose one"
+)
+
 
 def mig_manager(
     opts: RunOptions, source: NodeLabelSource | None
 ) -> Callable[[Agent[NodeDevices]], MigManager] | None:
-    """None without --mig-parted-config; ConfigError when there is no Node to follow."""
+    """None without --mig-parted-config; ConfigError when there is no Node to follow, or
+    when DRA makes MIG devices per claim."""
     if not opts.mig_parted_config:
         return None
     if source is None or not opts.node_name:
         raise ConfigError(NO_API_FOR_MIG)
+    if opts.dra is not None and opts.dra.dynamic_mig:
+        raise ConfigError(BOTH_CHANGE_LAYOUTS)
 
     def build(agent: Agent[NodeDevices]) -> MigManager:
         async def refresh() -> None:  # the settings in force, on the hardware as it is now
