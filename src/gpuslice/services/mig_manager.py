@@ -47,7 +47,7 @@ from gpuslice.services.node_devices import NodeDevices
 log = structlog.get_logger("gpuslice.mig")
 
 INTERVAL_S = 30.0  # a pass at least this often: nothing waits on an event that was missed
-RETRY_S = 2.0  # ... and this often while GPUs wait (for pods to go, for a GPU to be idle)
+RETRY_S = 5.0  # ... and this often while GPUs wait (for pods to go, for a GPU to be idle)
 EVENT_REASONS = {
     PENDING: "MigConfigPending",
     SUCCESS: "MigConfigApplied",
