@@ -33,6 +33,7 @@ from bench import (
     listing,
     memory,
     metrics_auth,
+    mig_apply,
     reconfig,
     roll,
     rpc,
@@ -63,6 +64,7 @@ GROUPS: dict[str, Group] = {
     "fleet": (fleet.FIGURES, fleet.run),
     "fleet_start": (fleet_start.FIGURES, fleet_start.run),
     "api_restart": (api_restart.FIGURES, api_restart.run),
+    "mig_apply": (mig_apply.FIGURES, mig_apply.run),
 }
 DEFAULT_OUTPUT = REPO / "bench" / "results" / "latest.json"
 

@@ -495,6 +495,22 @@ def values_schema() -> dict[str, Any]:
             },
             ["level", "format"],
         ),
+        "migManager": _obj(
+            {
+                "enabled": {
+                    **enabled,
+                    "description": "MIG layouts by the node label nvidia.com/mig.config; adds "
+                    "SYS_ADMIN (docs/mig-on-demand.md)",
+                },
+                "config": _text(
+                    "MIG_PARTED_CONFIG_FILE: the ConfigMap holding the mig-parted file under "
+                    "config.yaml",
+                    pattern=f"^{DNS_SUBDOMAIN}$",
+                    maxLength=253,
+                ),
+            },
+            ["enabled", "config"],
+        ),
         "memoryIsolation": _obj(
             {
                 "enabled": {

@@ -64,6 +64,7 @@ FIGURES = {
     "api_restart_reopen_max",
     "api_restart_peak_rps",
     "api_restart_refused_lists_switch_max",
+    "mig_layout_change_p99",
 }
 
 

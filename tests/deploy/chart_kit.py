@@ -87,6 +87,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "accounting-off": {"accounting": {"enabled": False}},
     "memory-isolation": {"memoryIsolation": {"enabled": True}},
+    "mig-manager": {"migManager": {"enabled": True, "config": "default-mig-parted-config"}},
     "memory-budget-terminate": {
         "memoryBudget": {
             "policy": "terminate",

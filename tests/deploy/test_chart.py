@@ -163,8 +163,10 @@ def test_the_agent_keeps_no_capability_and_cannot_gain_privileges(name: str) -> 
     mig = values.get("migStrategy") not in (None, "none")
     mounts = "volume-mounts" in str(values.get("deviceListStrategy"))
     # SYS_ADMIN only where MIG may be used, as NVIDIA's chart, or the driver sets per-pod
-    # memory limits; KILL only to signal another user's process over its memory budget.
+    # memory limits, or MIG layouts are made; KILL only to signal another user's process
+    # over its memory budget.
     isolation = bool(values.get("memoryIsolation", {}).get("enabled"))
+    mig = mig or bool(values.get("migManager", {}).get("enabled"))
     added = ["SYS_ADMIN"] * (mig or mounts or isolation) + ["KILL"] * terminate
     assert context["capabilities"] == {"drop": ["ALL"], **({"add": added} if added else {})}
     assert context["allowPrivilegeEscalation"] is False

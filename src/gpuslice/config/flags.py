@@ -286,6 +286,10 @@ FLAGS: tuple[Flag, ...] = (
           "what to do with a container over its GPU memory budget on a time-sliced replica: "
           "report, unhealthy (hold its GPU's replicas Unhealthy) or terminate (SIGKILL its "
           "largest process)", choices=("report", "unhealthy", "terminate")),
+    _flag("mig-parted-config", "MIG_PARTED_CONFIG_FILE", None, "",
+          "NVIDIA mig-parted config file (version v1): the node label nvidia.com/mig.config "
+          "names one of its configs, and each GPU's MIG layout is made the one it names "
+          "(empty: MIG layouts are left as they are)"),
     _flag("dra", "GPUSLICE_DRA", None, False,
           "also serve Dynamic Resource Allocation: a DRA kubelet plugin publishing this "
           "node's ResourceSlices", kind=BOOL, uses="run inspect"),

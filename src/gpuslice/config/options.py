@@ -78,6 +78,7 @@ class RunOptions:
     # The static CDI directory, read beside --cdi-spec-dir for the toolkit's spec.
     cdi_static_dir: str = "/etc/cdi"
     dra: DraOptions | None = None  # None: DRA is not served (--dra)
+    mig_parted_config: str = ""  # the mig-parted file the mig.config label names into
     dra_device_plugin_resources: frozenset[str] = frozenset()  # kept on the device-plugin API
     dra_plugins_dir: str = ""  # the DRA socket and checkpoint go in <this>/<driver>
     dra_registry_dir: str = ""
@@ -222,6 +223,7 @@ def resolve_options(
         ),
         dra_plugins_dir=text("dra-plugins-dir"),
         dra_registry_dir=text("dra-registry-dir"),
+        mig_parted_config=text("mig-parted-config"),
     )
     if command != "inspect":  # inspect shows what DRA would publish, with no cluster
         _check_dra(opts)

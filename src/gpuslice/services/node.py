@@ -21,6 +21,7 @@ from gpuslice.services.agent import Agent
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.isolation import Isolation
 from gpuslice.services.labeller import Labeller, snapshot_labels
+from gpuslice.services.mig_manager import MigManager
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
@@ -57,6 +58,8 @@ class NodeDeps:
     isolation: Callable[[NodeDevices], Isolation] | None = None
     # Why the Kubernetes API's watches are down now (None: they hold, or no API).
     watch_trouble: Callable[[], str | None] = lambda: None
+    # Builds the MIG layout follower of nvidia.com/mig.config (--mig-parted-config).
+    mig: Callable[[Agent[NodeDevices]], MigManager] | None = None
 
 
 class Node:
@@ -66,11 +69,14 @@ class Node:
         self.devices = deps.agent.node
         self.manager = deps.config(self._apply)
         self.isolation = deps.isolation(self.devices) if deps.isolation else None
+        self.mig = deps.mig(self.agent) if deps.mig else None
         self.labeller = (
-            _labeller(self.devices, deps.labels, self.isolation) if deps.labels else None
+            _labeller(self.devices, deps.labels, self.isolation, self.mig) if deps.labels else None
         )
         if self.isolation is not None and self.labeller is not None:
             self.isolation.notify = self.labeller.nudge
+        if self.mig is not None and self.labeller is not None:
+            self.mig.notify = self.labeller.nudge
         self.sampler: Sampler | None = None
         self.watchdog: Watchdog | None = None
         if deps.accounting is not None:
@@ -106,6 +112,8 @@ class Node:
             details["labels"] = self.labeller.status()
         if self.isolation is not None:  # reported, never a reason to be unready
             details["memoryIsolation"] = self.isolation.status()
+        if self.mig is not None:  # reported, never a reason to be unready
+            details["migManager"] = self.mig.status()
         return ready, details
 
     async def reload(self) -> bool:
@@ -127,6 +135,8 @@ class Node:
                     tasks.create_task(self._sample(stop))
                 if self.isolation is not None:
                     tasks.create_task(self._isolate(stop))
+                if self.mig is not None:
+                    tasks.create_task(self._mig_layouts(stop))
         except* GpusliceError as group:
             failed = group.exceptions[0]  # type: ignore[assignment]
         if failed is not None:  # raised out here: Python before 3.11.4 would wrap it in a group
@@ -157,17 +167,28 @@ class Node:
         if await self._until_ready(stop):
             await self.isolation.run(stop)
 
+    async def _mig_layouts(self, stop: asyncio.Event) -> None:
+        """MIG layouts by node label once the agent serves (its live path re-serves)."""
+        assert self.mig is not None
+        if await self._until_ready(stop):
+            await self.mig.run(stop)
+
     async def _until_ready(self, stop: asyncio.Event) -> bool:
         """Wait for the agent to be ready; False when stopped first."""
         await first_of(self.agent.ready.wait(), stop.wait())
         return not stop.is_set()
 
 
-def _labeller(devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None) -> Labeller:
+def _labeller(
+    devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None, mig: MigManager | None
+) -> Labeller:
     async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
         return devices.snapshot, devices.settings.resources
 
-    more = isolation.labels if isolation is not None else None
+    def more() -> dict[str, str]:
+        extra = dict(isolation.labels()) if isolation is not None else {}
+        return extra | (mig.labels() if mig is not None else {})
+
     return Labeller(
         snapshot_labels(read, machine=opts.machine, more=more),
         opts.sinks,

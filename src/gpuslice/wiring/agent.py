@@ -102,7 +102,7 @@ def agent(
         chosen.open_backend,
         cdi=cdi_specs(opts, machine),
         mps=mps_daemons(opts, machine, mps_notify),
-        pod_resources=lambda: _held_back_by(opts),
+        pod_resources=lambda: held_back_by(opts),
         metrics=metrics,
     )
     front_ends: list[FrontEnd] = [device_plugin(opts, machine, devices, metrics, chosen)]
@@ -188,7 +188,7 @@ def mps_daemons(opts: RunOptions, machine: Host, notify: Notify | None = None) -
 
 
 @contextlib.asynccontextmanager
-async def _held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
+async def held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
     """PodResources for holding back moved devices (services.holds), accounting or not:
     a short timeout, since the agent reads it before serving each config."""
     from gpuslice.adapters.podresources import PodResourcesClient

@@ -44,6 +44,7 @@ from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
 from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, watch
 from gpuslice.wiring.host import host, plugin_settings
+from gpuslice.wiring.mig import mig_manager
 
 if TYPE_CHECKING:
     from gpuslice.adapters.kube import KubeNodeApi
@@ -117,7 +118,8 @@ def build_node(
     notify = _mps_waiting(api, opts.node_name) if api is not None and opts.node_name else None
     node_agent = agent(opts, metrics, with_parts, shares=shares, mps_notify=notify)
     trouble = (lambda: api.watch_trouble) if api is not None else lambda: None
-    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, shares), trouble)
+    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, shares), trouble,
+                    mig=mig_manager(opts, api))  # fmt: skip
     return Node(deps)
 
 

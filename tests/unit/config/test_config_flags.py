@@ -407,6 +407,7 @@ UPSTREAM = {
     "accounting": ("GPUSLICE_ACCOUNTING", None),
     "proc-root": ("GPUSLICE_PROC_ROOT", None),
     "memory-budget-policy": ("GPUSLICE_MEMORY_BUDGET_POLICY", None),
+    "mig-parted-config": ("MIG_PARTED_CONFIG_FILE", None),  # mig-manager's CONFIG_FILE
     "memory-isolation": ("GPUSLICE_MEMORY_ISOLATION", None),
     "cgroup-root": ("GPUSLICE_CGROUP_ROOT", None),
     "memory-budget": ("GPUSLICE_MEMORY_BUDGET", None),

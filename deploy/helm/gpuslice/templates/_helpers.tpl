@@ -130,8 +130,8 @@ the container then gets SYS_ADMIN and NVIDIA_MIG_MONITOR_DEVICES=all. */}}
 {{- end }}
 
 {{/* The agent container's securityContext: privileged with compatWithCPUManager, else the
-one given in values, else root with no capability but SYS_ADMIN (migMonitor, and the
-driver's per-cgroup memory limits: its root-only calls check CAP_SYS_ADMIN) and KILL (the
+one given in values, else root with no capability but SYS_ADMIN (migMonitor, MIG layouts, and
+the driver's per-cgroup memory limits: its root-only calls check CAP_SYS_ADMIN) and KILL (the
 watchdog's terminate policy). */}}
 {{- define "gpuslice.securityContext" -}}
 {{- if .Values.compatWithCPUManager }}
@@ -140,7 +140,7 @@ privileged: true
 {{- toYaml .Values.securityContext }}
 {{- else }}
 {{- $add := list }}
-{{- if or (include "gpuslice.migMonitor" .) .Values.memoryIsolation.enabled }}{{ $add = append $add "SYS_ADMIN" }}{{ end }}
+{{- if or (include "gpuslice.migMonitor" .) .Values.memoryIsolation.enabled .Values.migManager.enabled }}{{ $add = append $add "SYS_ADMIN" }}{{ end }}
 {{- if include "gpuslice.terminate" . }}{{ $add = append $add "KILL" }}{{ end }}
 runAsUser: 0
 runAsGroup: 0
