@@ -34,7 +34,7 @@ from gpuslice.core.resources import (
 from gpuslice.core.serving import plan_serving
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.wiring.agent import toolkit_problem
-from gpuslice.wiring.host import machine_type, open_backend, plugin_settings, time_slicer
+from gpuslice.wiring.host import host, plugin_settings
 from gpuslice.wiring.node import isolation_facts, pod_cgroups
 
 # A device's limit per share, as the isolation service sets it (None: unlimited).
@@ -49,16 +49,17 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     are (or why none is found). With --dra, `frontEnds` names the
     front-end serving each resource and `resourceSlices` holds the ResourceSlices this
     node would publish, as they are sent to the API server."""
+    host_now = host(opts)
     loaded = load_config(opts)
-    cfg = plugin_settings(loaded, opts)
-    cgroups = pod_cgroups(opts)
-    backend = open_backend(opts)
+    cfg = plugin_settings(loaded, opts, host_now)
+    cgroups = pod_cgroups(opts, host_now)
+    backend = host_now.open_backend()
     try:
         snapshot = backend.snapshot()
         facts = isolation_facts(cgroups, backend)
     finally:
         backend.close()
-    pinned = opts.mps_pinned_memory_limit_mib
+    pinned = opts.mps.pinned_memory_limit_mib
     resources = tuple(build_resources(snapshot, cfg.resources))
     # the agent's own planning: refuses (ConfigError, HardwareError) what `run` refuses
     plan_serving(snapshot, resources, cfg.memory, cfg.allocate.mps_root, pinned_limit_mib=pinned)
@@ -71,10 +72,10 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     def share_limit(device: AdvertisedDevice, resource: str) -> Limit | None:
         return device_limit(device, resource, cfg.memory) if device.gpu_uuid in limited else None
 
-    machine = machine_type(opts, cfg.labels.machine_type_file)
-    slicer = time_slicer(opts)
+    machine = host_now.machine_type(cfg.labels.machine_type_file)
+    slicer = host_now.time_slicer()
     # the agent's labeller adds the isolation service's labels when --memory-isolation
-    more = isolation_labels(modes) if opts.memory_isolation else None
+    more = isolation_labels(modes) if opts.isolation.enabled else None
     labelled = label_node(snapshot, cfg.resources, machine=machine, more=more)
     report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
@@ -124,8 +125,8 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             *labelled.warnings,
         ],
     }
-    if opts.dra is not None:
-        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra, opts))
+    if opts.dra.served is not None:
+        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra.served, opts))
     return report
 
 
@@ -139,10 +140,10 @@ def dra_report(
     """Which front-end serves each resource, and the slices of the DRA devices (DRA's
     own resources: MIG devices of MIG-enabled GPUs unless --dra-mig-devices=false)."""
     own = build_resources(snapshot, dra_settings(settings, dra))
-    served = dra_resources(own, opts.dra_device_plugin_resources)
+    served = dra_resources(own, opts.dra.device_plugin_resources)
     entries = published(build_devices(snapshot, served), frozenset(), dra)
-    node = opts.node_name or platform.node()
-    kept = opts.dra_device_plugin_resources
+    node = opts.api.node_name or platform.node()
+    kept = opts.dra.device_plugin_resources
     return {
         "frontEnds": {
             **{r.name: "device-plugin" for r in resources if r.name in kept},
