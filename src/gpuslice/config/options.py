@@ -12,8 +12,6 @@ the flag and its env var.
 from __future__ import annotations
 
 import os
-import secrets
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -279,6 +277,9 @@ def _kubelet(kubelet: KubeletOptions, command: str | None) -> KubeletOptions:
     """The plugin directory: the registration socket's, or for `run` not registering, a
     private one named here (`run` creates it, mode 0700, and removes it)."""
     if not kubelet.socket and command == "run":
+        import secrets
+        import tempfile
+
         name = f"gpuslice-plugins-{os.getpid()}-{secrets.token_hex(4)}"
         path = os.path.join(tempfile.gettempdir(), name)
         return KubeletOptions(kubelet.socket, kubelet.pod_resources_socket, path, True)
