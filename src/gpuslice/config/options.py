@@ -282,9 +282,8 @@ def _kubelet(kubelet: KubeletOptions, command: str | None) -> KubeletOptions:
 
         name = f"gpuslice-plugins-{os.getpid()}-{secrets.token_hex(4)}"
         path = os.path.join(tempfile.gettempdir(), name)
-        return KubeletOptions(kubelet.socket, kubelet.pod_resources_socket, path, True)
-    plugin_dir = os.path.dirname(kubelet.socket) or DEFAULT_PLUGIN_DIR
-    return KubeletOptions(kubelet.socket, kubelet.pod_resources_socket, plugin_dir)
+        return replace(kubelet, plugin_dir=path, own_plugin_dir=True)
+    return replace(kubelet, plugin_dir=os.path.dirname(kubelet.socket) or DEFAULT_PLUGIN_DIR)
 
 
 def _per_node(source: ConfigSourceOptions, api: ApiOptions) -> ConfigSourceOptions:
