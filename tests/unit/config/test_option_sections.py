@@ -24,7 +24,11 @@ from gpuslice.config.options import (
 from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.core.errors import ConfigError
 
-FILLED = [(s.__name__, f, flag) for s in (*SECTIONS, PrometheusAccess) for f, flag in flag_names(s).items()]  # fmt: skip
+FILLED = [
+    (s.__name__, f, flag)
+    for s in (*SECTIONS, PrometheusAccess)
+    for f, flag in flag_names(s).items()
+]
 
 
 def test_every_flag_fills_one_field_and_every_field_names_a_flag() -> None:
