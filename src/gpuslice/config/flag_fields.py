@@ -21,10 +21,10 @@ def _same(value: FlagValue) -> FlagValue:
 def flag_field(name: str, parse: Parse = _same) -> Any:
     """A section field filled from the flag `name` (its value, or its default, through
     `parse`); the dataclass default is the table's."""
-    default = FLAGS_BY_NAME[name].default
-    return dataclasses.field(
-        default_factory=lambda: parse(default), metadata={"flag": name, "parse": parse}
-    )
+    default, meta = parse(FLAGS_BY_NAME[name].default), {"flag": name, "parse": parse}
+    if isinstance(default, dict):  # a fresh one for each instance
+        return dataclasses.field(default_factory=default.copy, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def flag_names(section: type) -> dict[str, str]:

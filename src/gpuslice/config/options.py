@@ -73,7 +73,9 @@ def parse_budgets(text: str) -> dict[str, int]:
     return out
 
 
-@dataclass(frozen=True)
+# The sections are immutable, without a generated __eq__, __hash__ or __repr__: each is
+# compiled code the agent would keep, and nothing compares or prints a section.
+@dataclass(frozen=True, eq=False, repr=False)
 class ConfigSourceOptions:
     """Where the config comes from: one file, or per-node configs (a mounted directory or
     a ConfigMap) picked by the node label, the default or the fallbacks."""
@@ -89,7 +91,7 @@ class ConfigSourceOptions:
     per_node: bool = False  # the config is chosen per node (resolved)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KubeletOptions:
     socket: str = flag_field("kubelet-socket")  # empty: do not register
     pod_resources_socket: str = flag_field("pod-resources-socket")
@@ -99,7 +101,7 @@ class KubeletOptions:
     own_plugin_dir: bool = False  # plugin_dir is that private directory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ApiOptions:
     """Cluster access: this node, its namespace, and how the API is reached."""
 
@@ -111,7 +113,7 @@ class ApiOptions:
     in_cluster: bool = False  # KUBERNETES_SERVICE_HOST is set
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DevicePluginOptions:
     driver_root_ctr_path: str = flag_field("driver-root-ctr-path")  # as given, not the file's
     cdi_spec_dir: str = flag_field("cdi-spec-dir")
@@ -119,7 +121,7 @@ class DevicePluginOptions:
     cdi_static_dir: str = "/etc/cdi"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DraSection:
     enabled: bool = flag_field("dra")
     driver: str = flag_field("dra-driver-name")
@@ -146,7 +148,7 @@ class DraSection:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class MpsOptions:
     control_binary: str = flag_field("mps-control-binary")
     control_socket: str = flag_field("mps-control-socket")  # empty: daemons started here
@@ -154,13 +156,13 @@ class MpsOptions:
     pinned_memory_limit_mib: int = flag_field("mps-pinned-memory-limit", _count)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class IsolationOptions:
     enabled: bool = flag_field("memory-isolation")
     cgroup_root: str = flag_field("cgroup-root")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class StatusOptions:
     address: str = flag_field("status-address")  # /healthz, /readyz (and /metrics); "": off
     metrics_address: str = flag_field("metrics-address")  # /metrics alone; "": on address
@@ -168,7 +170,7 @@ class StatusOptions:
     socket: str = flag_field("status-socket")  # a unix socket serving the same
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class AccountingOptions:
     enabled: bool = flag_field("accounting")
     proc_root: str = flag_field("proc-root")
