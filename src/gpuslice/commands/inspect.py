@@ -125,8 +125,8 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             *labelled.warnings,
         ],
     }
-    if opts.dra.served is not None:
-        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra.served, opts))
+    if (dra := opts.dra.served) is not None:
+        report.update(dra_report(snapshot, resources, cfg.resources, dra, opts))
     return report
 
 

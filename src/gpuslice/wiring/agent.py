@@ -111,8 +111,8 @@ def agent(
         metrics=metrics,
     )
     front_ends: list[FrontEnd] = [device_plugin(opts, machine, devices, metrics, chosen)]
-    if opts.dra.served is not None:
-        front_ends.append(dra_front_end(opts, opts.dra.served, machine, devices, shares))
+    if (dra := opts.dra.served) is not None:
+        front_ends.append(dra_front_end(opts, dra, machine, devices, shares))
     return Agent(devices, front_ends, metrics=metrics)
 
 
@@ -130,7 +130,7 @@ def device_plugin(
         budget=parts.restart_budget,
         claim_dir=parts.claim_dir,
         metrics=metrics,
-        kept=opts.dra.device_plugin_resources if opts.dra.served is not None else None,
+        kept=opts.dra.device_plugin_resources if opts.dra.enabled else None,
     )
 
 
@@ -231,11 +231,8 @@ def cdi_specs(opts: RunOptions, machine: Host) -> CdiSpecs | None:
 def toolkit_dirs(opts: RunOptions) -> tuple[str, ...]:
     """Where the NVIDIA Container Toolkit's CDI spec is looked for, in the runtimes' order
     of precedence: the dynamic directory (--cdi-spec-dir), then the static one."""
-    return tuple(
-        dict.fromkeys(
-            d for d in (opts.device_plugin.cdi_spec_dir, opts.device_plugin.cdi_static_dir) if d
-        )
-    )
+    plugin = opts.device_plugin
+    return tuple(dict.fromkeys(d for d in (plugin.cdi_spec_dir, plugin.cdi_static_dir) if d))
 
 
 def toolkit_problem(opts: RunOptions, allocate: AllocateOptions) -> str | None:

@@ -118,7 +118,7 @@ def build_node(
         # Per-node configs are chosen later: there only flags, env vars and defaults count.
         gfd = first[1].labels if first else settings_from(LoadedConfig(Config()), opts).labels
         labels = label_output(opts, machine, api, gfd)
-    shares = ClaimShares() if opts.dra.served is not None and opts.isolation.enabled else None
+    shares = ClaimShares() if opts.dra.enabled and opts.isolation.enabled else None
     notify = (
         _mps_waiting(api, opts.api.node_name) if api is not None and opts.api.node_name else None
     )
