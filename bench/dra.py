@@ -47,7 +47,7 @@ from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring.host import plugin_settings
+from gpuslice.wiring.host import host, plugin_settings
 
 CASES = {  # name: (hardware, devices per claim, what one claim is)
     "1": ("dgx-a100", 1, "a new claim of 1 GPU"),
@@ -102,7 +102,7 @@ async def dra_rig(
     session = contextlib.AsyncExitStack()
     await session.enter_async_context(node.session())
     options = resolve_options(_flags(work, shares=shares))
-    node.commit(await node.read(), plugin_settings(load_config(options), options))
+    node.commit(await node.read(), plugin_settings(load_config(options), options, host(options)))
     count = len(node.snapshot.gpus) + sum(len(g.mig_devices) for g in node.snapshot.gpus)
     count = 10**6 if dynamic else count  # a device per placement
     async with FakeApiServer() as api:

@@ -172,10 +172,10 @@ def run_options(ctx: click.Context, params: dict[str, Any], command: str) -> Any
         opts = _resolved(ctx, params, command, os.environ)
     except GpusliceError as exc:
         fail(exc)
-    if opts.node_name and command != "inspect":
+    if opts.api.node_name and command != "inspect":
         from gpuslice import logs
 
-        logs.bind(node=opts.node_name)
+        logs.bind(node=opts.api.node_name)
     return opts
 
 

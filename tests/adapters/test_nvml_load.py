@@ -114,11 +114,11 @@ def test_the_agent_looks_for_nvml_where_driver_root_ctr_path_says(tmp_path: Path
     """`gpuslice run` passes --driver-root-ctr-path (DRIVER_ROOT_CTR_PATH) to the NVML loader:
     the error names that mount point, not the default one."""
     from gpuslice.config.options import resolve_options
-    from gpuslice.wiring.host import open_backend
+    from gpuslice.wiring.host import host
 
     root = tmp_path / "host-driver"
     root.mkdir()
     with pytest.raises(BackendError) as err:
-        open_backend(resolve_options(env={"DRIVER_ROOT_CTR_PATH": str(root)}))
+        host(resolve_options(env={"DRIVER_ROOT_CTR_PATH": str(root)})).open_backend()
     assert str(root) in str(err.value)
     assert "/driver-root " not in str(err.value)

@@ -204,7 +204,8 @@ class AgentLauncher:
             fake_events=os.path.join(self.plugin_dir, "events.jsonl"),
         )
         # Nor is the host's /etc/cdi read for the toolkit's spec: a directory of the test's.
-        return dataclasses.replace(opts, cdi_static_dir=self.cdi_static_dir)
+        static = dataclasses.replace(opts.device_plugin, cdi_static_dir=self.cdi_static_dir)
+        return dataclasses.replace(opts, device_plugin=static)
 
     async def start(
         self,

@@ -41,7 +41,7 @@ from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
-from gpuslice.wiring.host import plugin_settings
+from gpuslice.wiring.host import host, plugin_settings
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -85,7 +85,7 @@ def node_settings(tmp: Path, config: str | None = None, **flags: str) -> Setting
         path.write_text(config, encoding="utf-8")
         values["config-file"] = str(path)
     opts = resolve_options(values)
-    return plugin_settings(load_config(opts), opts)
+    return plugin_settings(load_config(opts), opts, host(opts))
 
 
 @dataclass

@@ -82,7 +82,7 @@ async def stopped_under_a_client(
 
 
 async def reconfigure(running: RunningAgent, text: str) -> None:
-    write_file(running.opts.config_file, text)
+    write_file(running.opts.source.file, text)
     assert await running.reload()
 
 

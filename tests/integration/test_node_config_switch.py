@@ -37,8 +37,6 @@ from gpuslice.core.errors import BackendError, ConfigError
 from gpuslice.core.ports import GpuBackend
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import KubeletStandin
-from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring.node import build_node
 
 BROKEN = "version: v1\nflags:\n  migStrategy: bogus\n"
 
@@ -339,9 +337,8 @@ def test_per_node_configs_without_a_node_name_refuse_to_start(tmp_path: Path) ->
     """Without NODE_NAME the label cannot be read, and every node would silently serve
     the default config: `gpuslice run` stops with one line naming the flag and env var."""
     write_configmap_volume(str(tmp_path), CONFIGS)
-    opts = resolve_options({"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
-    with pytest.raises(ConfigError) as caught:
-        build_node(opts, MemoryNodeApi())
+    with pytest.raises(ConfigError) as caught:  # where the options are resolved
+        resolve_options({"config-file-srcdir": str(tmp_path)}, fake_hardware="t4")
     assert str(caught.value) == (
         f"--config-file-srcdir (CONFIG_FILE_SRCDIR) {tmp_path}: per-node configs need this "
         "node's name to read its label; set --node-name or NODE_NAME (usually from the "

@@ -351,9 +351,14 @@ async def test_after_a_restart_a_server_refusing_streaming_lists_still_serves_sw
 def test_configmap_mode_refuses_to_start_without_what_it_needs(
     values: dict[str, str], problem: str
 ) -> None:
-    """One-line errors before anything is served."""
-    opts = resolve_options({"config-map": CM, **values}, fake_hardware="t4")
-    with pytest.raises(ConfigError, match=problem) as caught:
+    """One-line errors before anything is served (where the options are resolved, or
+    for a missing API where the node is built)."""
+
+    def build() -> None:
+        opts = resolve_options({"config-map": CM, **values}, fake_hardware="t4")
         build_node(opts, node_api(opts))
+
+    with pytest.raises(ConfigError, match=problem) as caught:
+        build()
     assert str(caught.value).startswith("--config-map (CONFIG_MAP) ")
     assert "\n" not in str(caught.value)

@@ -36,7 +36,7 @@ from gpuslice.core.resources import (
 from gpuslice.core.serving import plan_serving
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.wiring.agent import toolkit_problem
-from gpuslice.wiring.host import machine_type, open_backend, plugin_settings, time_slicer
+from gpuslice.wiring.host import host, plugin_settings
 from gpuslice.wiring.node import isolation_facts, pod_cgroups
 
 # A device's limit per share, as the isolation service sets it (None: unlimited).
@@ -51,20 +51,21 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     are (or why none is found). With --dra, `frontEnds` names the
     front-end serving each resource and `resourceSlices` holds the ResourceSlices this
     node would publish, as they are sent to the API server."""
+    host_now = host(opts)
     loaded = load_config(opts)
-    cfg = plugin_settings(loaded, opts)
-    cgroups = pod_cgroups(opts)
-    backend = open_backend(opts)
+    cfg = plugin_settings(loaded, opts, host_now)
+    cgroups = pod_cgroups(opts, host_now)
+    backend = host_now.open_backend()
     try:
         snapshot = backend.snapshot()
         facts = isolation_facts(cgroups, backend)
-        control = backend.mig_control() if opts.dra is not None and opts.dra.dynamic_mig else None
+        control = backend.mig_control() if opts.dra.enabled and opts.dra.dynamic_mig else None
         tables = {}  # --dra-dynamic-mig: the MIG profile tables of the partitions
         if control is not None:
             tables = {g.uuid: control.profiles(g.uuid) for g in snapshot.gpus if g.mig_capable}
     finally:
         backend.close()
-    pinned = opts.mps_pinned_memory_limit_mib
+    pinned = opts.mps.pinned_memory_limit_mib
     resources = tuple(build_resources(snapshot, cfg.resources))
     # the agent's own planning: refuses (ConfigError, HardwareError) what `run` refuses
     plan_serving(snapshot, resources, cfg.memory, cfg.allocate.mps_root, pinned_limit_mib=pinned)
@@ -77,10 +78,10 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
     def share_limit(device: AdvertisedDevice, resource: str) -> Limit | None:
         return device_limit(device, resource, cfg.memory) if device.gpu_uuid in limited else None
 
-    machine = machine_type(opts, cfg.labels.machine_type_file)
-    slicer = time_slicer(opts)
+    machine = host_now.machine_type(cfg.labels.machine_type_file)
+    slicer = host_now.time_slicer()
     # the agent's labeller adds the isolation service's labels when --memory-isolation
-    more = isolation_labels(modes) if opts.memory_isolation else None
+    more = isolation_labels(modes) if opts.isolation.enabled else None
     labelled = label_node(snapshot, cfg.resources, machine=machine, more=more)
     report: dict[str, Any] = {
         "resources": {r.name: len(r.devices) for r in resources},
@@ -130,8 +131,8 @@ def inspect_node(opts: RunOptions) -> dict[str, Any]:
             *labelled.warnings,
         ],
     }
-    if opts.dra is not None:
-        report.update(dra_report(snapshot, resources, cfg.resources, opts.dra, opts, tables))
+    if (dra := opts.dra.served) is not None:
+        report.update(dra_report(snapshot, resources, cfg.resources, dra, opts, tables))
     return report
 
 
@@ -147,12 +148,12 @@ def dra_report(
     own resources: MIG devices of MIG-enabled GPUs unless --dra-mig-devices=false; with
     --dra-dynamic-mig the partitions of the GPUs it partitions, from their `tables`)."""
     own = build_resources(snapshot, dra_settings(settings, dra))
-    served = dra_resources(own, opts.dra_device_plugin_resources)
-    kept = opts.dra_device_plugin_resources
+    served = dra_resources(own, opts.dra.device_plugin_resources)
+    kept = opts.dra.device_plugin_resources
     parts = partition_node(snapshot, owned(snapshot, [r for r in own if r.name in kept]), tables)
     devices = parts.served(build_devices(snapshot, served))
     entries, counters = parts.publish(published(devices, frozenset(), dra))
-    node = opts.node_name or platform.node()
+    node = opts.api.node_name or platform.node()
     return {
         "frontEnds": {
             **{r.name: "device-plugin" for r in resources if r.name in kept},

@@ -20,7 +20,7 @@ from gpuslice.core.mig_layout import Create, Destroy, GpuPlan, MigGpu, SetMode, 
 from gpuslice.core.mig_preview import gpu_after
 from gpuslice.core.resources import build_resources
 from gpuslice.core.serving import plan_serving
-from gpuslice.wiring.host import open_backend, plugin_settings
+from gpuslice.wiring.host import host, plugin_settings
 
 
 def inspect_mig(opts: RunOptions, path: str, name: str) -> dict[str, Any]:
@@ -28,8 +28,9 @@ def inspect_mig(opts: RunOptions, path: str, name: str) -> dict[str, Any]:
     name, a profile a GPU does not have or a layout that does not fit; what `run` would
     refuse of the resulting devices too."""
     entries = load_mig_parted_file(path).entries(name)
-    cfg = plugin_settings(load_config(opts), opts)
-    backend = open_backend(opts)
+    machine = host(opts)
+    cfg = plugin_settings(load_config(opts), opts, machine)
+    backend = machine.open_backend()
     try:
         snapshot = backend.snapshot()
         mig = backend.mig_control()
@@ -57,7 +58,7 @@ def inspect_mig(opts: RunOptions, path: str, name: str) -> dict[str, Any]:
     made = (gpu_after(g.gpu, p, g.profiles) for g, p in zip(gpus, plans, strict=True))
     after = replace(snapshot, gpus=tuple(made))
     resources = tuple(build_resources(after, cfg.resources))
-    pinned = opts.mps_pinned_memory_limit_mib
+    pinned = opts.mps.pinned_memory_limit_mib
     plan_serving(after, resources, cfg.memory, cfg.allocate.mps_root, pinned_limit_mib=pinned)
     return {
         "migParted": {"file": path, "config": name},

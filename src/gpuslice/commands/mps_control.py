@@ -23,14 +23,14 @@ async def run_mps_control(
     """Serve until `stop` (wiring.mps_control composes it, loading no more of the agent,
     so this process stays small). Raises ConfigError (one line) when the root or the
     socket cannot be used."""
-    root = opts.mps_root
+    root = opts.mps.root
     if not root or not os.path.isabs(root):
         raise ConfigError(
             f"--mps-root (MPS_ROOT): got {show(root)}; expected the absolute host directory "
             "of the MPS daemons, as the agent's mpsRoot (NVIDIA's Helm chart uses "
             "/run/nvidia/mps)"
         )
-    socket = opts.mps_control_socket or os.path.join(root, SOCKET_NAME)
+    socket = opts.mps.control_socket or os.path.join(root, SOCKET_NAME)
     where = "--mps-control-socket (GPUSLICE_MPS_CONTROL_SOCKET)"
     if len(os.fsencode(socket)) > SOCKET_PATH_MAX:
         raise ConfigError(
@@ -45,6 +45,6 @@ async def run_mps_control(
         why = exc.strerror
         raise ConfigError(f"--mps-root (MPS_ROOT): cannot create {show(root)}: {why}") from None
     try:
-        await serve_mps_control(opts.mps_control_binary, root, socket, stop, simulated=simulated)
+        await serve_mps_control(opts.mps.control_binary, root, socket, stop, simulated=simulated)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot serve on {show(socket)}: {exc.strerror}") from None

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuslice.config.flag_fields import fill, flag_field
 from gpuslice.config.flags import FLAGS_BY_NAME, FlagValues
 from gpuslice.core.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
 class PrometheusAccess:
-    url: str
-    bearer_token_file: str = ""  # authorization.credentials_file
-    ca_file: str = ""  # tls_config.ca_file
-    cert_file: str = ""  # tls_config.cert_file
-    key_file: str = ""  # tls_config.key_file
-    insecure_skip_verify: bool = False  # tls_config.insecure_skip_verify
+    url: str = flag_field("prometheus", str.strip)
+    # authorization.credentials_file
+    bearer_token_file: str = flag_field("prometheus-bearer-token-file")
+    ca_file: str = flag_field("prometheus-ca-file")  # tls_config.ca_file
+    cert_file: str = flag_field("prometheus-cert-file")  # tls_config.cert_file
+    key_file: str = flag_field("prometheus-key-file")  # tls_config.key_file
+    # tls_config.insecure_skip_verify
+    insecure_skip_verify: bool = flag_field("prometheus-insecure-skip-verify")
 
     @property
     def tls(self) -> bool:
@@ -32,15 +35,7 @@ def named(flag: str) -> str:
 def prometheus_access(flags: FlagValues) -> PrometheusAccess:
     """The access the advise flags give; ConfigError naming the flag when they cannot
     work together (no URL, a certificate without its key, TLS files for http://)."""
-    text = flags.text
-    access = PrometheusAccess(
-        url=text("prometheus").strip(),
-        bearer_token_file=text("prometheus-bearer-token-file"),
-        ca_file=text("prometheus-ca-file"),
-        cert_file=text("prometheus-cert-file"),
-        key_file=text("prometheus-key-file"),
-        insecure_skip_verify=bool(flags.value("prometheus-insecure-skip-verify")),
-    )
+    access = fill(PrometheusAccess, flags)
     if not access.url:
         raise ConfigError(
             f"{named('prometheus')}: give Prometheus' base URL, such as "

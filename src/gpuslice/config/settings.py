@@ -30,8 +30,8 @@ DEFAULTS_SOURCE = "(no config file: flags, env vars and defaults)"
 def load_config(opts: RunOptions) -> LoadedConfig:
     """The config file as read, before flags apply (none given: the empty config, which
     flags, env vars and defaults fill). Raises ConfigError."""
-    if opts.config_file:
-        return load_config_file(opts.config_file, name=opts.config_name)
+    if opts.source.file:
+        return load_config_file(opts.source.file, name=opts.source.name)
     return LoadedConfig(Config(), source=DEFAULTS_SOURCE)
 
 
@@ -67,7 +67,7 @@ def settings_from(
         warnings=loaded.warnings + plugin_warnings,
         blank=loaded.blank,
         labels=label_settings(config),
-        memory=memory_policy(config, opts.memory_isolation),
+        memory=memory_policy(config, opts.isolation.enabled),
     )
 
 

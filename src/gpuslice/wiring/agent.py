@@ -53,6 +53,7 @@ class Parts:
     """The adapters a node's agent is built from, as `run` picks them (wiring.parts); a
     test or the bench may swap one (dataclasses.replace) before building."""
 
+    host: Host  # the one host of the command (wiring.host), asked for everything else
     open_backend: Callable[[], GpuBackend]  # raises BackendError when NVML cannot start
     endpoint: EndpointFactory  # one device-plugin endpoint per resource
     watch: DirWatch | None  # the device-plugin directory's watch (None: not followed)
@@ -64,14 +65,17 @@ class Parts:
 
 
 def parts(opts: RunOptions, metrics: Metrics = NO_METRICS) -> Parts:
-    """The adapters of `opts`: the host's backend, the kubelet's directory."""
-    plugin_dir, kubelet_socket = opts.plugin_dir, opts.kubelet_socket
+    """The adapters of `opts`: the host (built here, once per node), its backend, the
+    kubelet's directory."""
+    plugin_dir, kubelet_socket = opts.kubelet.plugin_dir, opts.kubelet.socket
 
     def endpoint(handler: ResourceHandler) -> PluginEndpoint:
         return KubeletEndpoint.create(handler, plugin_dir, kubelet_socket, metrics)
 
+    machine = host(opts)
     return Parts(
-        open_backend=host(opts).open_backend,
+        host=machine,
+        open_backend=machine.open_backend,
         endpoint=endpoint,
         watch=watch if kubelet_socket else None,
         plugin_dir=plugin_dir,
@@ -97,7 +101,8 @@ def agent(
 ) -> Agent[NodeDevices]:
     """The converge loop over the node's devices and its front-ends: the device plugin,
     and DRA with --dra (`shares`: its prepared claims' shares, for memory isolation)."""
-    chosen, machine = with_parts or parts(opts, metrics), host(opts)
+    chosen = with_parts or parts(opts, metrics)
+    machine = chosen.host
     devices = NodeDevices(
         chosen.open_backend,
         cdi=cdi_specs(opts, machine),
@@ -106,8 +111,8 @@ def agent(
         metrics=metrics,
     )
     front_ends: list[FrontEnd] = [device_plugin(opts, machine, devices, metrics, chosen)]
-    if opts.dra is not None:
-        front_ends.append(dra_front_end(opts, opts.dra, machine, devices, shares))
+    if (dra := opts.dra.served) is not None:
+        front_ends.append(dra_front_end(opts, dra, machine, devices, shares))
     return Agent(devices, front_ends, metrics=metrics)
 
 
@@ -125,7 +130,7 @@ def device_plugin(
         budget=parts.restart_budget,
         claim_dir=parts.claim_dir,
         metrics=metrics,
-        kept=opts.dra_device_plugin_resources if opts.dra is not None else None,
+        kept=opts.dra.device_plugin_resources if opts.dra.enabled else None,
     )
 
 
@@ -147,15 +152,15 @@ def dra_front_end(
     from gpuslice.adapters.kube.dra_api import KubeDraApi
     from gpuslice.frontends.dra.dynamic_mig import MigInstances
 
-    api = KubeDraApi(kubeconfig=opts.kubeconfig or None)
-    plugin_dir = os.path.join(opts.dra_plugins_dir, dra.driver)
+    api = KubeDraApi(kubeconfig=opts.api.kubeconfig or None)
+    plugin_dir = os.path.join(opts.dra.plugins_dir, dra.driver)
     driver = DraDriver(
-        node=opts.node_name,
+        node=opts.api.node_name,
         opts=dra,
         view=devices,
         api=api,
         checkpoint=ClaimCheckpointFile(plugin_dir),
-        specs=ClaimSpecDir(opts.cdi_spec_dir),
+        specs=ClaimSpecDir(opts.device_plugin.cdi_spec_dir),
         control_devices=machine.control_devices(),
         shares=shares,
         time_slicer=machine.time_slicer(),
@@ -164,9 +169,9 @@ def dra_front_end(
     return DraFrontEnd(
         devices,
         driver,
-        SlicePublisher(api, node=opts.node_name, opts=dra),
-        DraServer(driver, registry_dir=opts.dra_registry_dir, plugin_dir=plugin_dir),
-        device_plugin=opts.dra_device_plugin_resources,
+        SlicePublisher(api, node=opts.api.node_name, opts=dra),
+        DraServer(driver, registry_dir=opts.dra.registry_dir, plugin_dir=plugin_dir),
+        device_plugin=opts.dra.device_plugin_resources,
         find_toolkit=partial(find_toolkit_devices, toolkit_dirs(opts)),
         on_stop=api.aclose,
     )
@@ -177,12 +182,12 @@ def mps_daemons(opts: RunOptions, machine: Host, notify: Notify | None = None) -
     when --mps-control-socket names it, else from the agent itself."""
     from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
 
-    binary, socket = machine.mps_binary(), opts.mps_control_socket
+    binary, socket = machine.mps_binary(), opts.mps.control_socket
     return MpsDaemons(
         RemoteLauncher(socket) if socket else LocalLauncher(binary),
         ControlCommands(binary),
-        pinned_limit_mib=opts.mps_pinned_memory_limit_mib,
-        roots=(opts.mps_root,),
+        pinned_limit_mib=opts.mps.pinned_memory_limit_mib,
+        roots=(opts.mps.root,),
         notify=notify,
     )
 
@@ -193,9 +198,12 @@ async def held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
     a short timeout, since the agent reads it before serving each config."""
     from gpuslice.adapters.podresources import PodResourcesClient
 
-    checkpoint = os.path.join(opts.plugin_dir, CHECKPOINT)
+    checkpoint = os.path.join(opts.kubelet.plugin_dir, CHECKPOINT)
     client = PodResourcesClient(
-        opts.pod_resources_socket, checkpoint, timeout_s=2.0, kubelet_socket=opts.kubelet_socket
+        opts.kubelet.pod_resources_socket,
+        checkpoint,
+        timeout_s=2.0,
+        kubelet_socket=opts.kubelet.socket,
     )
     try:
         yield client
@@ -206,13 +214,13 @@ async def held_back_by(opts: RunOptions) -> AsyncIterator[PodResources]:
 def cdi_specs(opts: RunOptions, machine: Host) -> CdiSpecs | None:
     """The CDI spec writer (None: --cdi-spec-dir is empty). It is always wired, since a
     reload may switch to a cdi-* strategy, and writes nothing under the others."""
-    if not opts.cdi_spec_dir:
+    if not opts.device_plugin.cdi_spec_dir:
         return None
     from gpuslice.adapters.cdi_file import CdiSpecDir, find_toolkit_devices, is_spec_name
 
     dirs = toolkit_dirs(opts)
     return CdiSpecs(
-        CdiSpecDir(opts.cdi_spec_dir),
+        CdiSpecDir(opts.device_plugin.cdi_spec_dir),
         control_devices=machine.control_devices(),
         extra_nodes=dict(machine.extra_cdi_nodes()),
         find_toolkit=partial(find_toolkit_devices, dirs),
@@ -225,12 +233,13 @@ def cdi_specs(opts: RunOptions, machine: Host) -> CdiSpecs | None:
 def toolkit_dirs(opts: RunOptions) -> tuple[str, ...]:
     """Where the NVIDIA Container Toolkit's CDI spec is looked for, in the runtimes' order
     of precedence: the dynamic directory (--cdi-spec-dir), then the static one."""
-    return tuple(dict.fromkeys(d for d in (opts.cdi_spec_dir, opts.cdi_static_dir) if d))
+    plugin = opts.device_plugin
+    return tuple(dict.fromkeys(d for d in (plugin.cdi_spec_dir, plugin.cdi_static_dir) if d))
 
 
 def toolkit_problem(opts: RunOptions, allocate: AllocateOptions) -> str | None:
     """Under a cdi-* strategy: why the NVIDIA Container Toolkit's spec is not found."""
-    if not opts.cdi_spec_dir or not uses_cdi(allocate):
+    if not opts.device_plugin.cdi_spec_dir or not uses_cdi(allocate):
         return None
     from gpuslice.adapters.cdi_file import find_toolkit_devices
 

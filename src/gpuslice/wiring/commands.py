@@ -24,6 +24,7 @@ from gpuslice.wiring.node import label_output, node_api
 def labels_node(opts: RunOptions, api: NodeApi | None) -> LabelsNode:
     """`gpuslice labels`: the labeller over the node's backend and the config file,
     without a front-end. Raises ConfigError for a bad config or flag (read here, once)."""
+    machine = host(opts)
     loaded = load_config(opts)
     first = settings_from(loaded, opts)
     entries = FileEntries(loaded.source, lambda: load_config(opts), first=loaded)
@@ -32,11 +33,13 @@ def labels_node(opts: RunOptions, api: NodeApi | None) -> LabelsNode:
         return first if loaded_now is loaded else settings_from(loaded_now, opts)
 
     def manager(apply: Apply) -> ConfigManager[Settings]:
-        return ConfigManager(NoCluster(), opts.node_name, entries, to_settings, apply, label=None)
+        return ConfigManager(
+            NoCluster(), opts.api.node_name, entries, to_settings, apply, label=None
+        )
 
-    devices = NodeDevices(host(opts).open_backend)
-    output = label_output(opts, api, first.labels)
-    pinned = opts.mps_pinned_memory_limit_mib
+    devices = NodeDevices(machine.open_backend)
+    output = label_output(opts, machine, api, first.labels)
+    pinned = opts.mps.pinned_memory_limit_mib
     return LabelsNode(devices, manager, output, first, pinned_limit_mib=pinned)
 
 

@@ -31,11 +31,11 @@ def mig_manager(
 ) -> Callable[[Agent[NodeDevices]], MigManager] | None:
     """None without --mig-parted-config; ConfigError when there is no Node to follow, or
     when DRA makes MIG devices per claim."""
-    if not opts.mig_parted_config:
+    if not opts.device_plugin.mig_parted_config:
         return None
-    if source is None or not opts.node_name:
+    if source is None or not opts.api.node_name:
         raise ConfigError(NO_API_FOR_MIG)
-    if opts.dra is not None and opts.dra.dynamic_mig:
+    if opts.dra.enabled and opts.dra.dynamic_mig:
         raise ConfigError(BOTH_CHANGE_LAYOUTS)
 
     def build(agent: Agent[NodeDevices]) -> MigManager:
@@ -45,8 +45,8 @@ def mig_manager(
                 await agent.apply_settings(latest)
 
         return MigManager(
-            opts.mig_parted_config,
-            opts.node_name,
+            opts.device_plugin.mig_parted_config,
+            opts.api.node_name,
             source,
             agent.node,
             lambda: held_back_by(opts),

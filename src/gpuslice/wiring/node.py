@@ -18,6 +18,7 @@ from gpuslice.core.metrics import NO_METRICS
 from gpuslice.core.ports import (
     DirEvents,
     GpuBackend,
+    Host,
     LabelSink,
     Metrics,
     NodeApi,
@@ -42,8 +43,8 @@ from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
-from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, watch
-from gpuslice.wiring.host import host, plugin_settings
+from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, parts, watch
+from gpuslice.wiring.host import plugin_settings
 from gpuslice.wiring.mig import mig_manager
 
 if TYPE_CHECKING:
@@ -64,12 +65,14 @@ Accounting = Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog |
 
 def node_api(opts: RunOptions) -> KubeNodeApi | None:
     """The Kubernetes API for this node when there is one to talk to."""
-    if not opts.node_name or not (opts.kubeconfig or opts.in_cluster):
+    if not opts.api.node_name or not (opts.api.kubeconfig or opts.api.in_cluster):
         return None
     from gpuslice.adapters.kube import KubeNodeApi
 
     return KubeNodeApi(
-        kubeconfig=opts.kubeconfig or None, pod_name=opts.pod_name or None, host=opts.node_name
+        kubeconfig=opts.api.kubeconfig or None,
+        pod_name=opts.api.pod_name or None,
+        host=opts.api.node_name,
     )
 
 
@@ -83,43 +86,47 @@ def build_node(
     """`gpuslice run`'s node: the agent, the config manager (over the config file or the
     per-node configs), the labeller when configured. Raises ConfigError (the config file
     is read here, once: its first load is the one served first)."""
+    chosen = with_parts or parts(opts, metrics)
+    machine = chosen.host
     per_node = config_entries(opts, api)
     first: tuple[LoadedConfig, Settings] | None = None
     if per_node is None:
         loaded = load_config(opts)
-        first = (loaded, plugin_settings(loaded, opts))
+        first = (loaded, plugin_settings(loaded, opts, machine))
     entries = per_node or FileEntries(loaded.source, lambda: load_config(opts), first=loaded)
     source: NodeLabelSource = api if api is not None else NoCluster()
 
     def to_settings(loaded: LoadedConfig) -> Settings:
         if first is not None and loaded is first[0]:
             return first[1]  # resolved above: one resolve per load
-        return plugin_settings(loaded, opts)
+        return plugin_settings(loaded, opts, machine)
 
     def manager(apply: Apply) -> ConfigManager[Settings]:
         return ConfigManager(
             source,
-            opts.node_name,
+            opts.api.node_name,
             entries,
             to_settings,
             apply,
-            label=opts.node_label if first is None else None,
-            default=opts.default_config or None,
-            fallbacks=opts.fallback_strategies,
+            label=opts.source.node_label if first is None else None,
+            default=opts.source.default or None,
+            fallbacks=opts.source.fallbacks,
             metrics=metrics,
         )
 
     labels = None
-    if opts.labels == "true" or (opts.labels == "auto" and api is not None):
+    if opts.api.labels == "true" or (opts.api.labels == "auto" and api is not None):
         # Per-node configs are chosen later: there only flags, env vars and defaults count.
         gfd = first[1].labels if first else settings_from(LoadedConfig(Config()), opts).labels
-        labels = label_output(opts, api, gfd)
-    shares = ClaimShares() if opts.dra is not None and opts.memory_isolation else None
-    notify = _mps_waiting(api, opts.node_name) if api is not None and opts.node_name else None
-    node_agent = agent(opts, metrics, with_parts, shares=shares, mps_notify=notify)
+        labels = label_output(opts, machine, api, gfd)
+    shares = ClaimShares() if opts.dra.enabled and opts.isolation.enabled else None
+    notify = (
+        _mps_waiting(api, opts.api.node_name) if api is not None and opts.api.node_name else None
+    )
+    node_agent = agent(opts, metrics, chosen, shares=shares, mps_notify=notify)
     trouble = (lambda: api.watch_trouble) if api is not None else lambda: None
-    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, shares), trouble,
-                    mig=mig_manager(opts, api))  # fmt: skip
+    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, machine, shares),
+                    trouble, mig=mig_manager(opts, api))  # fmt: skip
     return Node(deps)
 
 
@@ -132,10 +139,10 @@ def _mps_waiting(api: NodeApi, node: str) -> Notify:
     return notify
 
 
-def pod_cgroups(opts: RunOptions) -> PodCgroups:
+def pod_cgroups(opts: RunOptions, machine: Host) -> PodCgroups:
     """The pods' cgroups and the cgroup facts under --cgroup-root, as the host sees them
     (the simulated host: its node file's facts unless a tree is named)."""
-    return host(opts).pod_cgroups(opts.cgroup_root)
+    return machine.pod_cgroups(opts.isolation.cgroup_root)
 
 
 def isolation_facts(cgroups: PodCgroups, backend: GpuBackend) -> HostFacts:
@@ -145,17 +152,17 @@ def isolation_facts(cgroups: PodCgroups, backend: GpuBackend) -> HostFacts:
 
 
 def isolation(
-    opts: RunOptions, claims: ClaimShares | None = None
+    opts: RunOptions, machine: Host, claims: ClaimShares | None = None
 ) -> Callable[[NodeDevices], Isolation] | None:
     """Per-pod GPU memory limits (--memory-isolation): the host's pod cgroups under
     --cgroup-root, the kubelet's device checkpoint and the DRA front-end's prepared
     claims (`claims`) for who holds which share."""
-    if not opts.memory_isolation:
+    if not opts.isolation.enabled:
         return None
     from gpuslice.adapters.podresources import read_checkpoint
 
-    tree = pod_cgroups(opts)
-    path = os.path.join(opts.plugin_dir, CHECKPOINT)
+    tree = pod_cgroups(opts, machine)
+    path = os.path.join(opts.kubelet.plugin_dir, CHECKPOINT)
 
     def build(devices: NodeDevices) -> Isolation:
         return Isolation(
@@ -163,7 +170,7 @@ def isolation(
             tree,
             lambda: read_checkpoint(path),
             watch,
-            also_watch=((opts.plugin_dir, frozenset({CHECKPOINT})),),
+            also_watch=((opts.kubelet.plugin_dir, frozenset({CHECKPOINT})),),
             claims=claims,
         )
 
@@ -177,24 +184,26 @@ def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
 def config_entries(opts: RunOptions, api: NodeApi | None) -> EntrySource | None:
     """Where the per-node configs come from: the ConfigMap through the API, a mounted
     directory, or None (one config file). Raises ConfigError naming what is missing."""
-    if not opts.per_node:
+    if not opts.source.per_node:
         return None
-    if not opts.config_map:
-        return DirectoryEntries(opts.config_dir, _config_watch)
+    if not opts.source.config_map:
+        return DirectoryEntries(opts.source.dir, _config_watch)
     if api is None:
-        raise ConfigError(NO_API_FOR_CONFIG_MAP.format(name=opts.config_map))
-    return ConfigMapEntries(api, opts.namespace, opts.config_map)
+        raise ConfigError(NO_API_FOR_CONFIG_MAP.format(name=opts.source.config_map))
+    return ConfigMapEntries(api, opts.api.namespace, opts.source.config_map)
 
 
-def label_output(opts: RunOptions, api: NodeApi | None, gfd: LabelSettings) -> LabelOptions:
+def label_output(
+    opts: RunOptions, machine: Host, api: NodeApi | None, gfd: LabelSettings
+) -> LabelOptions:
     """Where labels go and how often: the NodeFeature object through the API, or a
     features.d file. Raises ConfigError when the NodeFeature API is asked for and there is
     no cluster to publish to."""
     sink: LabelSink
     if gfd.use_node_feature_api:
-        if api is None or not opts.node_name:
+        if api is None or not opts.api.node_name:
             raise ConfigError(NO_API_FOR_NODE_FEATURES)
-        sink = NodeFeatureSink(api, opts.node_name, opts.namespace)
+        sink = NodeFeatureSink(api, opts.api.node_name, opts.api.namespace)
     else:
         from gpuslice.adapters.nfd_file import FeatureFile
 
@@ -203,17 +212,21 @@ def label_output(opts: RunOptions, api: NodeApi | None, gfd: LabelSettings) -> L
         sinks=[sink],
         interval_s=gfd.interval_s,
         timestamps=gfd.timestamps,
-        machine=host(opts).machine_type(gfd.machine_type_file),
+        machine=machine.machine_type(gfd.machine_type_file),
         oneshot=gfd.oneshot,
     )
 
 
 def accounting(
-    opts: RunOptions, events: PodEvents | None, metrics: Metrics, pods: PodResources
+    opts: RunOptions,
+    machine: Host,
+    events: PodEvents | None,
+    metrics: Metrics,
+    pods: PodResources,
 ) -> Accounting:
     """The sampler beside the agent and the memory-budget watchdog it feeds; the host
     says who owns a GPU process and ends one (the simulated backend: its own)."""
-    owners = host(opts).process_owners()
+    owners = machine.process_owners()
 
     def build(devices: NodeDevices, limits: Isolation | None) -> tuple[Sampler, Watchdog | None]:
         async def kill(pid: int) -> None:
@@ -223,8 +236,8 @@ def accounting(
                 await devices.on_backend(lambda backend: cast(ProcessOwners, backend).kill(pid))
 
         watchdog = Watchdog(
-            opts.memory_budget_policy,
-            opts.memory_budgets,
+            opts.accounting.budget_policy,
+            opts.accounting.budgets,
             lambda: devices.snapshot,
             hold=lambda held: devices.hold(held, by="watchdog"),
             kill=kill,
@@ -237,7 +250,7 @@ def accounting(
             lambda: devices.snapshot,
             pods,
             owners,
-            interval_s=opts.sample_interval_s,
+            interval_s=opts.accounting.sample_interval_s,
             sampled=metrics.sampled,
             failed=metrics.sample_failed,
             after=watchdog.check,

@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import socket
-import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -35,25 +34,32 @@ if TYPE_CHECKING:
 def lock_holder(opts: RunOptions) -> Holder:
     """Who this agent is, for another agent waiting on the device-plugin directory."""
     return Holder(
-        os.getpid(), opts.pod_name, opts.node_name, socket.gethostname(), token=secrets.token_hex(8)
+        os.getpid(),
+        opts.api.pod_name,
+        opts.api.node_name,
+        socket.gethostname(),
+        token=secrets.token_hex(8),
     )
 
 
 async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event) -> None:
     """`gpuslice run`: the whole agent until `stop`, with the probe endpoint if asked.
     It serves once the device-plugin directory exists and no other agent holds it."""
-    own_dir = None
-    if not opts.kubelet_socket:  # not registering: nothing of the kubelet's is used
-        own_dir = tempfile.mkdtemp(prefix="gpuslice-plugins-")
-        opts = dataclasses.replace(opts, own_plugin_dir=own_dir)
+    own_dir = opts.kubelet.own_plugin_dir  # not registering: nothing of the kubelet's is used
+    if own_dir:
+        os.mkdir(opts.kubelet.plugin_dir, 0o700)
     api = node_api(opts)
     try:
-        address, metrics_address = opts.status_address, opts.metrics_address
+        address, metrics_address = opts.status.address, opts.status.metrics_address
         metrics = prometheus_metrics(opts) if address or metrics_address else None
-        pods = pod_resources(opts)
-        sampling = None if pods is None else accounting(opts, api, metrics or NO_METRICS, pods)
         chosen = parts(opts, metrics or NO_METRICS)
-        if own_dir is None:  # the node's directory: one agent at a time
+        pods = pod_resources(opts)
+        sampling = (
+            None
+            if pods is None
+            else accounting(opts, chosen.host, api, metrics or NO_METRICS, pods)
+        )
+        if not own_dir:  # the node's directory: one agent at a time
             claim_dir: ClaimDir = lambda stop, waiting: _claim(opts, stop, waiting)  # noqa: E731
             chosen = dataclasses.replace(chosen, claim_dir=claim_dir)
         node = build_node(opts, api, metrics or NO_METRICS, chosen, accounting=sampling)
@@ -64,14 +70,14 @@ async def run_node(opts: RunOptions, stop: asyncio.Event, reload: asyncio.Event)
                 _watch_node(metrics, node)
             for server in _http_servers(opts, api, node, metrics):
                 await stack.enter_async_context(server)
-            if own_dir is None and not await directory_present(opts.plugin_dir, stop):
+            if not own_dir and not await directory_present(opts.kubelet.plugin_dir, stop):
                 return  # stopped while waiting for the directory
             await node.run(stop, reload)
     finally:
         if api is not None:
             await api.aclose()
-        if own_dir is not None:
-            shutil.rmtree(own_dir, ignore_errors=True)
+        if own_dir:
+            shutil.rmtree(opts.kubelet.plugin_dir, ignore_errors=True)
 
 
 def _http_servers(
@@ -81,13 +87,13 @@ def _http_servers(
     has its own address; /metrics behind the API's token check with --metrics-auth."""
     from gpuslice.adapters.status_http import METRICS_NAME, SharedRender, StatusServer
 
-    address, metrics_address = opts.status_address, opts.metrics_address
+    address, metrics_address = opts.status.address, opts.status.metrics_address
     page = None if metrics is None else SharedRender(metrics.page, metrics.prepare)
     authorize = metrics_auth(opts, api) if page is not None else None
     servers = []
     if address:
         servers.append(StatusServer(address, node.readiness, None if metrics_address else page,
-                                    authorize=authorize, unix_path=opts.status_socket))  # fmt: skip
+                                    authorize=authorize, unix_path=opts.status.socket))  # fmt: skip
     if metrics_address:
         servers.append(
             StatusServer(metrics_address, None, page, name=METRICS_NAME, authorize=authorize)
@@ -97,7 +103,7 @@ def _http_servers(
 
 def metrics_auth(opts: RunOptions, api: KubeNodeApi | None) -> Authorize | None:
     """The bearer-token check of /metrics (--metrics-auth kubernetes), over the node's API."""
-    if opts.metrics_auth != "kubernetes":
+    if opts.status.metrics_auth != "kubernetes":
         return None
     if api is None:
         raise BackendError(
@@ -111,15 +117,15 @@ async def _claim(
     opts: RunOptions, stop: asyncio.Event, waiting: Callable[[str], None]
 ) -> DirClaim | None:
     """The device-plugin directory, once no other agent holds it."""
-    lock = await claim(opts.plugin_dir, lock_holder(opts), stop, waiting)
-    return None if lock is None else DirClaim(lock, opts.kubelet_socket)
+    lock = await claim(opts.kubelet.plugin_dir, lock_holder(opts), stop, waiting)
+    return None if lock is None else DirClaim(lock, opts.kubelet.socket)
 
 
 def prometheus_metrics(opts: RunOptions) -> PrometheusMetrics:
     """The Prometheus adapter, imported only for an agent serving /metrics."""
     from gpuslice.adapters.metrics import PrometheusMetrics
 
-    return PrometheusMetrics(hostname=opts.node_name or socket.gethostname())
+    return PrometheusMetrics(hostname=opts.api.node_name or socket.gethostname())
 
 
 def _watch_node(metrics: PrometheusMetrics, node: Node) -> None:
@@ -147,11 +153,11 @@ def pod_resources(opts: RunOptions) -> PodResourcesClient | None:
     """The kubelet's PodResources API and device checkpoint (None: accounting is off).
     Nothing connects until the first sample, and none while no kubelet is there: a missing
     socket fails samples, not the agent."""
-    if not opts.accounting:
+    if not opts.accounting.enabled:
         return None
     from gpuslice.adapters.podresources import PodResourcesClient
 
-    checkpoint = os.path.join(opts.plugin_dir, CHECKPOINT)
+    checkpoint = os.path.join(opts.kubelet.plugin_dir, CHECKPOINT)
     return PodResourcesClient(
-        opts.pod_resources_socket, checkpoint, kubelet_socket=opts.kubelet_socket
+        opts.kubelet.pod_resources_socket, checkpoint, kubelet_socket=opts.kubelet.socket
     )

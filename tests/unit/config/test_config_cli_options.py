@@ -18,13 +18,13 @@ ENV_CLEARED = {"CONFIG_FILE": "/c"}
 def test_labels_reads_gfd_env_vars_first() -> None:
     opts = cli.command_options("labels", [], {**ENV, **ENV_CLEARED})
     assert apply_flags(Config(), opts.flags).flags.mig_strategy == "mixed"
-    assert opts.config_file == "/g"
+    assert opts.source.file == "/g"
 
 
 def test_inspect_reads_unprefixed_env_vars_first() -> None:
     opts = cli.command_options("inspect", [], {**ENV, **ENV_CLEARED})
     assert apply_flags(Config(), opts.flags).flags.mig_strategy == "single"
-    assert opts.config_file == "/c"
+    assert opts.source.file == "/c"
 
 
 def test_each_command_takes_only_its_own_env_vars_and_types_every_setting() -> None:
@@ -32,8 +32,8 @@ def test_each_command_takes_only_its_own_env_vars_and_types_every_setting() -> N
     env = {"GFD_ONESHOT": "true", "GPUSLICE_SAMPLE_INTERVAL": "500ms", "GPUSLICE_ACCOUNTING": "0"}
     run = cli.command_options("run", ["--memory-budget", "nvidia.com/gpu.shared=1Gi"], env)
     assert "oneshot" not in run.flags.explicit
-    assert (run.sample_interval_s, run.accounting) == (0.5, False)
-    assert run.memory_budgets == {"nvidia.com/gpu.shared": 1024**3}
+    assert (run.accounting.sample_interval_s, run.accounting.enabled) == (0.5, False)
+    assert run.accounting.budgets == {"nvidia.com/gpu.shared": 1024**3}
     labels = cli.command_options("labels", ["--oneshot=true"], {})
     assert apply_flags(Config(), labels.flags).flags.gfd.oneshot is True
 

@@ -220,9 +220,8 @@ def test_load_each_returns_configs_and_errors_in_order(tmp_path: Path) -> None:
 
 
 def test_config_name_with_a_config_directory_is_refused(tmp_path: Path) -> None:
-    opts = resolve_options({"config-file": str(tmp_path)}, config_name="a100")
-    with pytest.raises(ConfigError) as caught:
-        _ = opts.config_dir
+    with pytest.raises(ConfigError) as caught:  # when the options are resolved
+        resolve_options({"config-file": str(tmp_path)}, config_name="a100")
     assert str(caught.value) == (
         f'--config-name "a100": not used with the per-node configs of {tmp_path}; name the '
         "config with --default-config (DEFAULT_CONFIG) or the node label "
@@ -231,14 +230,14 @@ def test_config_name_with_a_config_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_config_name_with_a_srcdir_is_refused(tmp_path: Path) -> None:
-    opts = resolve_options(env={"CONFIG_FILE_SRCDIR": str(tmp_path)}, config_name="x")
     with pytest.raises(ConfigError, match="not used with the per-node configs"):
-        _ = opts.config_dir
+        resolve_options(env={"CONFIG_FILE_SRCDIR": str(tmp_path)}, config_name="x")
 
 
 def test_config_name_with_a_file_is_still_used(tmp_path: Path) -> None:
     path = tmp_path / "cm.yaml"
     path.write_text(configmap({"a": TS4, "b": BAD_MIG}))
     opts = resolve_options({"config-file": str(path)}, config_name="a")
-    assert opts.config_dir == ""
-    assert resolve_options({"config-file": str(tmp_path)}).config_dir == str(tmp_path)
+    assert opts.source.dir == ""
+    opts = resolve_options({"config-file": str(tmp_path), "node-name": "n1"})
+    assert opts.source.dir == str(tmp_path)

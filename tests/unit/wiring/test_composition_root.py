@@ -9,6 +9,7 @@ import ast
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,36 @@ def test_the_host_is_chosen_by_the_options() -> None:
     assert type(simulated).__name__ == "SimulatedHost"
     assert simulated.control_devices() == ()
     assert simulated.mps_binary()[1:] == ["-m", "gpuslice.testing.mps_control"]
+
+
+def test_the_host_is_built_once_per_command_and_handed_on() -> None:
+    """host(opts) is called once where a command's composition starts (a node's parts,
+    the labeller, inspect, inspect of a MIG layout); every other builder is handed it."""
+    src = WIRING.parent
+    calls = Counter(
+        (str(path.relative_to(src)), top.name)
+        for path in sorted(src.rglob("*.py"))
+        for top in _tree(path).body
+        if isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(top)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "host"
+    )
+    assert calls == {
+        ("wiring/agent.py", "parts"): 1,
+        ("wiring/commands.py", "labels_node"): 1,
+        ("commands/inspect.py", "inspect_node"): 1,
+        ("commands/inspect_mig.py", "inspect_mig"): 1,
+    }
+
+
+def test_nothing_patches_the_options_after_they_are_resolved() -> None:
+    """The compositions take RunOptions as resolved (own_plugin_dir included)."""
+    src = WIRING.parent
+    for path in [*MODULES, *sorted((src / "commands").glob("*.py")), src / "cli.py"]:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("replace"):
+                patched = [a for a in node.args[:1] if ast.unparse(a) in {"opts", "options"}]
+                assert not patched, (str(path), node.lineno)
 
 
 def test_dra_flags_are_checked_when_the_options_are_resolved() -> None:
