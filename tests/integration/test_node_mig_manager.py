@@ -371,8 +371,8 @@ def test_the_file_is_named_by_flag_or_env_var_and_needs_the_node_to_follow(
     tmp_path: Path,
 ) -> None:
     by_env = resolve_options({}, {"MIG_PARTED_CONFIG_FILE": "/etc/mig/config.yaml"}, command="run")
-    assert by_env.mig_parted_config == "/etc/mig/config.yaml"
-    assert resolve_options({}, {}, command="run").mig_parted_config == ""
+    assert by_env.device_plugin.mig_parted_config == "/etc/mig/config.yaml"
+    assert resolve_options({}, {}, command="run").device_plugin.mig_parted_config == ""
     opts = resolve_options(
         {"mig-parted-config": str(tmp_path / "config.yaml"), "kubelet-socket": ""},
         fake_hardware="t4",
@@ -385,9 +385,8 @@ def test_the_file_and_dra_dynamic_mig_together_are_refused_in_one_line(tmp_path:
     """Both would change MIG layouts, each undoing the other's."""
     flags = {"mig-parted-config": str(tmp_path / "config.yaml"), "node-name": NODE,
              "kubeconfig": str(tmp_path / "kubeconfig"), "cdi-spec-dir": str(tmp_path)}  # fmt: skip
-    dynamic = resolve_options({**flags, "dra": "true", "dra-dynamic-mig": "true"}, command="run")
     with pytest.raises(
         ConfigError, match=r"^--mig-parted-config .* --dra-dynamic-mig .*: choose one$"
     ):
-        mig_manager(dynamic, MemoryNodeApi())
+        resolve_options({**flags, "dra": "true", "dra-dynamic-mig": "true"}, command="run")
     assert mig_manager(resolve_options({**flags, "dra": "true"}, command="run"), MemoryNodeApi())

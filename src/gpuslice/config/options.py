@@ -231,6 +231,15 @@ NO_API_FOR_DRA = (
     "the Kubernetes API: set --node-name (NODE_NAME) and run in a cluster or set --kubeconfig "
     "(KUBECONFIG)"
 )
+NO_API_FOR_MIG = (
+    "--mig-parted-config (MIG_PARTED_CONFIG_FILE) follows the node label nvidia.com/mig.config "
+    "through the Kubernetes API: set --node-name (NODE_NAME) and run in a cluster or give "
+    "--kubeconfig"
+)
+BOTH_CHANGE_LAYOUTS = (
+    "--mig-parted-config (MIG_PARTED_CONFIG_FILE) and --dra-dynamic-mig (GPUSLICE_DRA_DYNAMIC_MIG) "
+    "both change MIG layouts, and each would undo the other's changes: choose one"
+)
 NO_API_FOR_NODE_FEATURES = (
     "useNodeFeatureAPI is true but there is no Kubernetes API to publish the NodeFeature "
     "object to: set --node-name (NODE_NAME) and --kubeconfig (or run in a cluster), or "
@@ -275,7 +284,17 @@ def resolve_options(
     )
     if command != "inspect":  # inspect shows what DRA would publish, with no cluster
         _check_dra(opts)
+    if command in (None, "run"):
+        _check_mig_layouts(opts)
     return opts
+
+
+def _check_mig_layouts(opts: RunOptions) -> None:
+    """Raises ConfigError for --mig-parted-config beside --dra-dynamic-mig (each would undo
+    the other's layouts). Whether its Node can be followed is known where the API client
+    is made (wiring.mig)."""
+    if opts.device_plugin.mig_parted_config and opts.dra.enabled and opts.dra.dynamic_mig:
+        raise ConfigError(BOTH_CHANGE_LAYOUTS)
 
 
 def _kubelet(kubelet: KubeletOptions, command: str | None) -> KubeletOptions:

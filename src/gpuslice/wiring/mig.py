@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuslice.config.options import RunOptions
+from gpuslice.config.options import NO_API_FOR_MIG, RunOptions
 from gpuslice.core.errors import ConfigError
 from gpuslice.services.agent import Agent
 from gpuslice.services.config_selector import NodeLabelSource
@@ -14,29 +14,16 @@ from gpuslice.services.mig_manager import MigManager
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.wiring.agent import held_back_by, watch
 
-NO_API_FOR_MIG = (
-    "--mig-parted-config (MIG_PARTED_CONFIG_FILE) follows the node label nvidia.com/mig.config "
-    "through the Kubernetes API: set --node-name (NODE_NAME) and run in a cluster or give "
-    "--kubeconfig"
-)
-
-BOTH_CHANGE_LAYOUTS = (
-    "--mig-parted-config (MIG_PARTED_CONFIG_FILE) and --dra-dynamic-mig (GPUSLICE_DRA_DYNAMIC_MIG) "
-    "both change MIG layouts, and each would undo the other's changes: choose one"
-)
-
 
 def mig_manager(
     opts: RunOptions, source: NodeLabelSource | None
 ) -> Callable[[Agent[NodeDevices]], MigManager] | None:
-    """None without --mig-parted-config; ConfigError when there is no Node to follow, or
-    when DRA makes MIG devices per claim."""
+    """None without --mig-parted-config; ConfigError when there is no Node to follow (the
+    options' checks refuse the flags that cannot work together)."""
     if not opts.device_plugin.mig_parted_config:
         return None
     if source is None or not opts.api.node_name:
         raise ConfigError(NO_API_FOR_MIG)
-    if opts.dra.enabled and opts.dra.dynamic_mig:
-        raise ConfigError(BOTH_CHANGE_LAYOUTS)
 
     def build(agent: Agent[NodeDevices]) -> MigManager:
         async def refresh() -> None:  # the settings in force, on the hardware as it is now
