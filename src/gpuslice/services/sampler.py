@@ -14,7 +14,6 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
 
 import structlog
 
@@ -79,9 +78,10 @@ class Sampler:
 
     def _read(self, backend: GpuBackend) -> Reading:
         sample = backend.processes()
-        owners = self._owners if self._owners is not None else cast(ProcessOwners, backend)
+        owners = owners_of(self._owners, backend)
+        owned = dict(owners.owners(sample.pids())) if owners is not None else {}
         used = self._cgroup_used(backend) if self._cgroup_used is not None else {}
-        return Reading(sample, dict(owners.owners(sample.pids())), self._pods.pod_uids(), used)
+        return Reading(sample, owned, self._pods.pod_uids(), used)
 
     async def sample_once(self) -> Attribution | None:
         """Take one sample; on failure keep the last attribution and say why."""
@@ -121,3 +121,8 @@ class Sampler:
                 await self._after(result)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
+
+
+def owners_of(host: ProcessOwners | None, backend: GpuBackend) -> ProcessOwners | None:
+    """Who owns a GPU process: the host's reader, else the backend's own (simulated)."""
+    return host if host is not None else backend.process_owners()

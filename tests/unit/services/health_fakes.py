@@ -67,6 +67,12 @@ class ScriptedBackend:
     def mig_control(self) -> None:
         return None
 
+    def memory_limits(self) -> None:
+        return None
+
+    def process_owners(self) -> None:
+        return None
+
     def close(self) -> None:
         self.closed.set()
 
