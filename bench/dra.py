@@ -42,7 +42,7 @@ from gpuslice.core.dra.devices import DraOptions
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
-from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_devices import HEALTH, NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
 from gpuslice.wiring.host import plugin_settings
@@ -91,9 +91,9 @@ async def dra_rig(
 ) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, NodeDevices, HardwareSnapshot]]:
     node = NodeDevices(lambda: FakeBackend.from_spec(hardware))
     session = contextlib.AsyncExitStack()
-    await session.enter_async_context(node.session())
+    running = await session.enter_async_context(node.session())
     options = resolve_options(_flags(work, shares=shares))
-    node.commit(await node.read(), plugin_settings(load_config(options), options))
+    running.commit(await running.read(), plugin_settings(load_config(options), options))
     count = len(node.snapshot.gpus) + sum(len(g.mig_devices) for g in node.snapshot.gpus)
     async with FakeApiServer() as api:
         config = KubeConfig.from_file(write_kubeconfig(Path(work), api.url))
@@ -209,10 +209,10 @@ async def publish_figure(plan: Plan) -> Figure:
                     gpu = snapshot.gpus[i % 8]
                     name = next(d.name for d in first.values() if d.uuid == gpu.uuid)
                     t0 = now()
-                    node.health_changed(frozenset({gpu.uuid}))
+                    node.hold(frozenset({gpu.uuid}), by=HEALTH)
                     await api.wait_for(lambda s, n=name: n not in s.dra.node_devices(NODE))
                     samples.append(now() - t0)
-                    node.health_changed(frozenset())
+                    node.hold(frozenset(), by=HEALTH)
                     await api.wait_for(lambda s, n=name: n in s.dra.node_devices(NODE))
                 values.append(percentile(samples, 99) * 1e3)
     return Figure(

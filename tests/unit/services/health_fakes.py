@@ -22,7 +22,7 @@ from gpuslice.core.sharing import (
 )
 from gpuslice.frontends.deviceplugin.manager import PluginManager
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
-from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_devices import HEALTH, NodeDevices
 
 
 class ScriptedBackend:
@@ -145,7 +145,7 @@ class Node:
 
     def on_change(self, unhealthy: frozenset[str]) -> list[str]:
         self.changes.put_nowait(unhealthy)
-        return self.devices.health_changed(unhealthy)
+        return self.devices.hold(unhealthy, by=HEALTH)
 
     def health(self) -> dict[str, bool]:
         """Kubelet device ID -> healthy, over every served resource."""
