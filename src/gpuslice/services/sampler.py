@@ -46,31 +46,44 @@ class Reading:
     cgroup_used: Mapping[tuple[str, str], int]  # (pod UID, GPU UUID) -> the limit's currentUsed
 
 
+@dataclass(frozen=True)
+class SampleSources:
+    """Where each sample is read from."""
+
+    on_backend: OnBackend
+    hardware: Callable[[], HardwareSnapshot]
+    pod_resources: PodResources
+    owners: ProcessOwners | None = None  # None: the backend's own (the simulated one's)
+    cgroup_used: CgroupUsed | None = None  # e.g. Isolation.usage: exact per-pod memory
+
+
+@dataclass(frozen=True)
+class SampleHooks:
+    """Who is told of each sample."""
+
+    sampled: Callable[[float, float], None] | None = None  # e.g. Metrics.sampled
+    failed: Callable[[], None] | None = None  # e.g. Metrics.sample_failed
+    after: Callable[[Attribution], Awaitable[None]] | None = None  # e.g. Watchdog.check
+
+
 class Sampler:
     def __init__(
         self,
-        on_backend: OnBackend,
-        hardware: Callable[[], HardwareSnapshot],
-        pod_resources: PodResources,
-        owners: ProcessOwners | None,  # None: the backend's own (the simulated one's)
+        sources: SampleSources,
+        hooks: SampleHooks | None = None,
         *,
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
-        sampled: Callable[[float, float], None] | None = None,  # e.g. Metrics.sampled
-        failed: Callable[[], None] | None = None,  # e.g. Metrics.sample_failed
-        after: Callable[[Attribution], Awaitable[None]] | None = None,  # e.g. Watchdog.check
-        cgroup_used: CgroupUsed | None = None,  # e.g. Isolation.usage: exact per-pod memory
     ) -> None:
-        self._cgroup_used = cgroup_used
-        self._on_backend = on_backend
-        self._hardware = hardware
-        self._pods = pod_resources
-        self._owners = owners
+        hooks = hooks or SampleHooks()
+        self._cgroup_used = sources.cgroup_used
+        self._on_backend = sources.on_backend
+        self._hardware = sources.hardware
+        self._pods = sources.pod_resources
+        self._owners = sources.owners
         self.interval_s = interval_s
         self._clock = clock
-        self._sampled = sampled
-        self._failed = failed
-        self._after = after
+        self._sampled, self._failed, self._after = hooks.sampled, hooks.failed, hooks.after
         self.latest: Attribution | None = None
         self.last_success: float | None = None  # wall-clock time of the latest good sample
         self.error: str | None = None  # why the latest sample failed; None after a good one

@@ -40,7 +40,7 @@ from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.claim_shares import ClaimShares
-from gpuslice.services.mps import MpsDaemons, Notify
+from gpuslice.services.mps import MpsDaemons, MpsOptions, MpsTools, Notify
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.wiring.host import host
 
@@ -176,12 +176,10 @@ def mps_daemons(opts: RunOptions, machine: Host, notify: Notify | None = None) -
     from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
 
     binary, socket = machine.mps_binary(), opts.mps_control_socket
+    launcher = RemoteLauncher(socket) if socket else LocalLauncher(binary)
     return MpsDaemons(
-        RemoteLauncher(socket) if socket else LocalLauncher(binary),
-        ControlCommands(binary),
-        pinned_limit_mib=opts.mps_pinned_memory_limit_mib,
-        roots=(opts.mps_root,),
-        notify=notify,
+        MpsTools(launcher, ControlCommands(binary), notify),
+        MpsOptions(pinned_limit_mib=opts.mps_pinned_memory_limit_mib, roots=(opts.mps_root,)),
     )
 
 

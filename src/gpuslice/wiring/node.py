@@ -41,7 +41,7 @@ from gpuslice.services.labeller import Labeller, NodeFeatureSink, snapshot_label
 from gpuslice.services.mps import MPS_WAITING_REASON, Notify
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeParts, serve_config
 from gpuslice.services.node_devices import NodeDevices
-from gpuslice.services.sampler import Sampler, owners_of
+from gpuslice.services.sampler import SampleHooks, Sampler, SampleSources, owners_of
 from gpuslice.services.watchdog import Watchdog
 from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, watch
 from gpuslice.wiring.host import host, plugin_settings
@@ -284,16 +284,11 @@ def accounting(
             metrics=metrics,
             enforced=limits.enforced if limits is not None else frozenset,
         )
+        used = limits.usage if limits is not None else None
         sampler = Sampler(
-            devices.on_backend,
-            lambda: devices.snapshot,
-            pods,
-            owners,
+            SampleSources(devices.on_backend, lambda: devices.snapshot, pods, owners, used),
+            SampleHooks(metrics.sampled, metrics.sample_failed, watchdog.check),
             interval_s=opts.sample_interval_s,
-            sampled=metrics.sampled,
-            failed=metrics.sample_failed,
-            after=watchdog.check,
-            cgroup_used=limits.usage if limits is not None else None,
         )
         return sampler, watchdog
 
