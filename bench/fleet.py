@@ -46,7 +46,7 @@ from gpuslice.config.loader import LoadedConfig
 from gpuslice.services.api_wait import ApiWait
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.config_source import DEFAULT_ANNOTATION, ConfigMapEntries
-from gpuslice.services.labeller import Labeller, NodeFeatureSink
+from gpuslice.services.labeller import Labeller, LabelPolicy, NodeFeatureSink
 from gpuslice.testing.apiserver import FakeApiServer, Request, write_kubeconfig
 
 FIGURES = ("fleet_idle_requests", "fleet_switch_p99")
@@ -148,8 +148,7 @@ async def agent(
     labeller = Labeller(
         labels,
         [NodeFeatureSink(api, node, NS)],
-        interval_s=INTERVAL_S / speedup,
-        timestamps=False,
+        LabelPolicy(interval_s=INTERVAL_S / speedup, timestamps=False),
         rand=rand,
     )
 

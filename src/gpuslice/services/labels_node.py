@@ -24,7 +24,7 @@ from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.waiting import first_of
 from gpuslice.services.config_manager import ConfigManager
-from gpuslice.services.labeller import Labeller, snapshot_labels
+from gpuslice.services.labeller import Labeller, LabelPolicy, snapshot_labels
 from gpuslice.services.node import Apply, LabelOptions
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.node_session import NodeSession
@@ -53,9 +53,9 @@ class LabelsNode:
         self.labeller = Labeller(
             snapshot_labels(self._read, machine=labels.machine),
             labels.sinks,
-            interval_s=labels.interval_s,
-            oneshot=labels.oneshot,
-            timestamps=labels.timestamps,
+            LabelPolicy(
+                interval_s=labels.interval_s, oneshot=labels.oneshot, timestamps=labels.timestamps
+            ),
         )
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:

@@ -37,7 +37,7 @@ from gpuslice.services.config_source import (
     FileEntries,
 )
 from gpuslice.services.isolation import Isolation, limit_problem
-from gpuslice.services.labeller import Labeller, NodeFeatureSink, snapshot_labels
+from gpuslice.services.labeller import Labeller, LabelPolicy, NodeFeatureSink, snapshot_labels
 from gpuslice.services.mps import MPS_WAITING_REASON, Notify
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeParts, serve_config
 from gpuslice.services.node_devices import NodeDevices
@@ -167,8 +167,7 @@ def node_labeller(
     return Labeller(
         snapshot_labels(read, machine=opts.machine, more=more),
         opts.sinks,
-        interval_s=opts.interval_s,
-        timestamps=opts.timestamps,
+        LabelPolicy(interval_s=opts.interval_s, timestamps=opts.timestamps),
     )
 
 
