@@ -11,7 +11,7 @@ from gpuslice.config.prometheus_access import PrometheusAccess
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.core.advice import Series, SeriesFacts
 from gpuslice.core.ports import NodeApi
-from gpuslice.services.config_manager import ConfigManager, NoCluster
+from gpuslice.services.config_manager import ConfigChoice, ConfigInputs, ConfigManager, NoCluster
 from gpuslice.services.config_source import FileEntries
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.node import Apply
@@ -31,7 +31,11 @@ def labels_node(opts: RunOptions, api: NodeApi | None) -> LabelsNode:
         return first if loaded_now is loaded else settings_from(loaded_now, opts)
 
     def manager(apply: Apply) -> ConfigManager[Settings]:
-        return ConfigManager(NoCluster(), opts.node_name, entries, to_settings, apply, label=None)
+        return ConfigManager(
+            ConfigInputs(NoCluster(), opts.node_name, entries, to_settings),
+            apply,
+            ConfigChoice(label=None),
+        )
 
     devices = NodeDevices(host(opts).open_backend)
     output = label_output(opts, api, first.labels)

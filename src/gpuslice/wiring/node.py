@@ -29,7 +29,13 @@ from gpuslice.core.ports import (
 from gpuslice.core.settings import LabelSettings
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.claim_shares import ClaimShares
-from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
+from gpuslice.services.config_manager import (
+    ConfigChoice,
+    ConfigInputs,
+    ConfigManager,
+    NoCluster,
+    NodeLabelSource,
+)
 from gpuslice.services.config_source import (
     ConfigMapEntries,
     DirectoryEntries,
@@ -128,14 +134,13 @@ def node_config(
 
     def manager(apply: Apply) -> ConfigManager[Settings]:
         return ConfigManager(
-            source,
-            opts.node_name,
-            entries,
-            to_settings,
+            ConfigInputs(source, opts.node_name, entries, to_settings),
             apply,
-            label=opts.node_label if first is None else None,
-            default=opts.default_config or None,
-            fallbacks=opts.fallback_strategies,
+            ConfigChoice(
+                label=opts.node_label if first is None else None,
+                default=opts.default_config or None,
+                fallbacks=opts.fallback_strategies,
+            ),
             metrics=metrics,
         )
 
