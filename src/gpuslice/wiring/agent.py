@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
 from gpuslice.adapters.fswatch import DirWatcher
@@ -34,15 +35,15 @@ from gpuslice.frontends.deviceplugin import (
     ResourceHandler,
     device_plugin_of,
 )
-from gpuslice.frontends.dra.driver import DraDriver
-from gpuslice.frontends.dra.frontend import DraFrontEnd
-from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.claim_shares import ClaimShares
 from gpuslice.services.mps import MpsDaemons, MpsOptions, MpsTools, Notify
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.wiring.host import host
+
+if TYPE_CHECKING:
+    from gpuslice.frontends.dra.frontend import DraFrontEnd
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 __all__ = ["CHECKPOINT", "Parts", "agent", "device_plugin_of", "parts", "toolkit_problem"]
@@ -145,6 +146,9 @@ def dra_front_end(
     from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
     from gpuslice.adapters.dra.server import DraServer
     from gpuslice.adapters.kube.dra_api import KubeDraApi
+    from gpuslice.frontends.dra.driver import DraDriver
+    from gpuslice.frontends.dra.frontend import DraFrontEnd
+    from gpuslice.frontends.dra.publisher import SlicePublisher
 
     api = KubeDraApi(kubeconfig=opts.kubeconfig or None)
     plugin_dir = os.path.join(opts.dra_plugins_dir, dra.driver)
