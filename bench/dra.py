@@ -44,7 +44,7 @@ from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.dynamic_mig import MigInstances
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
-from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_devices import HEALTH, NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
 from gpuslice.wiring.host import host, plugin_settings
@@ -100,9 +100,10 @@ async def dra_rig(
 ) -> AsyncIterator[tuple[FakeApiServer, DraFrontEnd, NodeDevices, HardwareSnapshot]]:
     node = NodeDevices(lambda: FakeBackend.from_spec(hardware))
     session = contextlib.AsyncExitStack()
-    await session.enter_async_context(node.session())
+    running = await session.enter_async_context(node.session())
     options = resolve_options(_flags(work, shares=shares))
-    node.commit(await node.read(), plugin_settings(load_config(options), options, host(options)))
+    settings = plugin_settings(load_config(options), options, host(options))
+    running.commit(await running.read(), settings)
     count = len(node.snapshot.gpus) + sum(len(g.mig_devices) for g in node.snapshot.gpus)
     count = 10**6 if dynamic else count  # a device per placement
     async with FakeApiServer() as api:
@@ -223,10 +224,10 @@ async def publish_figure(plan: Plan) -> Figure:
                     gpu = snapshot.gpus[i % 8]
                     name = next(d.name for d in first.values() if d.uuid == gpu.uuid)
                     t0 = now()
-                    node.health_changed(frozenset({gpu.uuid}))
+                    node.hold(frozenset({gpu.uuid}), by=HEALTH)
                     await api.wait_for(lambda s, n=name: n not in s.dra.node_devices(NODE))
                     samples.append(now() - t0)
-                    node.health_changed(frozenset())
+                    node.hold(frozenset(), by=HEALTH)
                     await api.wait_for(lambda s, n=name: n in s.dra.node_devices(NODE))
                 values.append(percentile(samples, 99) * 1e3)
     return Figure(

@@ -44,9 +44,9 @@ from gpuslice.adapters.kube import KubeNodeApi
 from gpuslice.config.convert import resource_settings
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.services.api_wait import ApiWait
-from gpuslice.services.config_manager import ConfigManager
+from gpuslice.services.config_manager import ConfigInputs, ConfigManager
 from gpuslice.services.config_source import DEFAULT_ANNOTATION, ConfigMapEntries
-from gpuslice.services.labeller import Labeller, NodeFeatureSink
+from gpuslice.services.labeller import Labeller, LabelPolicy, NodeFeatureSink
 from gpuslice.testing.apiserver import FakeApiServer, Request, write_kubeconfig
 
 FIGURES = ("fleet_idle_requests", "fleet_switch_p99")
@@ -148,8 +148,7 @@ async def agent(
     labeller = Labeller(
         labels,
         [NodeFeatureSink(api, node, NS)],
-        interval_s=INTERVAL_S / speedup,
-        timestamps=False,
+        LabelPolicy(interval_s=INTERVAL_S / speedup, timestamps=False),
         rand=rand,
     )
 
@@ -160,7 +159,7 @@ async def agent(
         await fleet.record(node, settings)
 
     entries = ConfigMapEntries(api, NS, fleet.config_map)
-    manager = ConfigManager(api, node, entries, to_settings, apply, api_wait=api_wait)
+    manager = ConfigManager(ConfigInputs(api, node, entries, to_settings), apply, api_wait=api_wait)
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(manager.run(stop))

@@ -24,7 +24,7 @@ from gpuslice.config.settings import Settings
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring.node import build_node
+from gpuslice.wiring.node import build_node, node_config
 
 FIGURES = ("config_change_p99",)
 NODE = "bench-node"
@@ -64,7 +64,8 @@ async def bare_manager(
     async def apply(settings: Settings) -> None:
         applied()
 
-    manager = build_node(options(plugin_dir, config_dir), api).deps.config(apply)
+    opts = options(plugin_dir, config_dir)
+    manager = node_config(opts, api)[0](apply)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

@@ -37,7 +37,7 @@ from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_
 from gpuslice.adapters.podresources import PodResourcesClient
 from gpuslice.core.devices import HardwareSnapshot, replica_id
 from gpuslice.core.ports import GpuBackend
-from gpuslice.services.sampler import Sampler
+from gpuslice.services.sampler import Sampler, SampleSources
 from gpuslice.testing.kubelet import checkpoint
 from gpuslice.testing.kubelet.podresources import PodResourcesServicer
 
@@ -90,7 +90,7 @@ async def _sampler(work: str, name: str, empty: bool) -> AsyncIterator[Sampler]:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, backend)
 
     try:
-        sampler = Sampler(on_backend, lambda: snapshot, client, backend)
+        sampler = Sampler(SampleSources(on_backend, lambda: snapshot, client, backend))
         got = await sampler.sample_once()
         if got is None or (not empty and len(got.containers) != PODS):
             raise RuntimeError(f"sample failed: {sampler.error}")

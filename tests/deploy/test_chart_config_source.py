@@ -21,7 +21,7 @@ from gpuslice.services.config_source import (
     DirectoryEntries,
 )
 from gpuslice.testing.nodeapi import MemoryNodeApi
-from gpuslice.wiring.node import build_node, config_entries
+from gpuslice.wiring.node import config_entries, node_config
 
 NODE = "gpu-node-1"
 CHART_MAP = f"{RELEASE}-gpuslice-configs"  # the ConfigMap the chart makes from config.map
@@ -163,9 +163,9 @@ async def test_the_running_agent_follows_a_helm_upgrade_of_config_default() -> N
         api.put_config_map(meta["namespace"], meta["name"], data, meta.get("annotations"))
 
     install(first)
-    node = build_node(agent_options(tuple(chart_tool().objects(first))), api)
+    opts = agent_options(tuple(chart_tool().objects(first)))
     applied: asyncio.Queue[object] = asyncio.Queue()
-    manager = node.deps.config(applied.put)
+    manager = node_config(opts, api)[0](applied.put)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

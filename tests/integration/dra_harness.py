@@ -38,7 +38,7 @@ from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.claim_shares import ClaimShares
-from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_devices import HEALTH, NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
 from gpuslice.wiring.host import host, plugin_settings
@@ -62,8 +62,8 @@ class NodeHealth:
     ) -> NodeHealth:
         devices = NodeDevices(lambda: FakeBackend.from_spec(hardware), cdi=cdi)
         session = contextlib.AsyncExitStack()
-        await session.enter_async_context(devices.session())
-        devices.commit(await devices.read(), settings)
+        node = await session.enter_async_context(devices.session())
+        node.commit(await node.read(), settings)
         return cls(devices, session)
 
     async def close(self) -> None:
@@ -75,7 +75,7 @@ class NodeHealth:
 
     async def mark(self, *uuids: str) -> None:
         """What the health monitor reports: these GPUs or MIG devices unhealthy now."""
-        self.devices.health_changed(frozenset(uuids))
+        self.devices.hold(frozenset(uuids), by=HEALTH)
 
 
 def node_settings(tmp: Path, config: str | None = None, **flags: str) -> Settings:

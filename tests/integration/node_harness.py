@@ -22,11 +22,11 @@ from gpuslice.core.errors import BackendError
 from gpuslice.core.ports import GpuBackend, LabelSink
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.config_manager import ConfigManager
-from gpuslice.services.node import Node
+from gpuslice.services.node import Node, serve_config
 from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring.agent import Parts, device_plugin_of, parts
-from gpuslice.wiring.node import build_node
+from gpuslice.wiring.node import build_node, node_config, node_labeller, node_labels
 
 NODE = "gpu-node-7"
 NAMESPACE = "gpu-operator"
@@ -211,13 +211,21 @@ class NodeLauncher:
         )
         chosen = parts(opts)
         built = build_node(opts, api, with_parts=change(chosen) if change else chosen)
-        deps = built.deps
+        built_parts = built.parts
         sink = None
-        if deps.labels is not None:
-            (inner,) = deps.labels.sinks
+        if built_parts.labeller is not None:  # the same labeller, its output recorded
+            manager, first = node_config(opts, api)
+            labels = node_labels(opts, api, first)
+            assert labels is not None
+            (inner,) = labels.sinks
             sink = RecordingSink(inner)
-            deps = dataclasses.replace(deps, labels=dataclasses.replace(deps.labels, sinks=[sink]))
-        node = Node(deps)
+            labels = dataclasses.replace(labels, sinks=[sink])
+            labeller = node_labeller(built.devices, labels, built_parts.isolation)
+            apply = serve_config(built.agent, labeller)
+            built_parts = dataclasses.replace(
+                built_parts, labeller=labeller, manager=manager(apply)
+            )
+        node = Node(built_parts)
         stop, reload = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(node.run(stop, reload))
         running = RunningNode(node, api, opts, str(directory), sink, stop, reload, task)

@@ -16,7 +16,7 @@ from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.podresources import PodResourcesClient
 from gpuslice.core.attribution import NO_POD, ContainerUsage
 from gpuslice.core.devices import physical_id
-from gpuslice.services.sampler import Sampler
+from gpuslice.services.sampler import Sampler, SampleSources
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring.agent import Parts
 
@@ -44,7 +44,9 @@ class Node:
     def __init__(self, running: RunningAgent, backend: FakeBackend, pods: PodResourcesClient):
         self.running = running
         devices = running.devices
-        self.sampler = Sampler(devices.on_backend, lambda: devices.snapshot, pods, backend)
+        self.sampler = Sampler(
+            SampleSources(devices.on_backend, lambda: devices.snapshot, pods, backend)
+        )
 
     def process(self, **fields: object) -> None:
         self.line({"process": fields})

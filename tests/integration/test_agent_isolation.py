@@ -23,7 +23,7 @@ from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.adapters.podresources import PodResourcesClient, read_checkpoint
 from gpuslice.core.isolation import DMEM, LABEL, Limit
 from gpuslice.services.isolation import Isolation
-from gpuslice.services.sampler import Sampler
+from gpuslice.services.sampler import Sampler, SampleSources
 from gpuslice.testing.cgroups import CGROUPFS, SYSTEMD, CgroupTree, r615_node
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.wiring.agent import Parts
@@ -269,13 +269,14 @@ async def test_accounting_reads_a_limited_pods_memory_from_the_limit(
     assert kubelet.pod_resources_socket is not None
     pods = PodResourcesClient(kubelet.pod_resources_socket, kubelet.checkpoint_path)
     devices = node.running.devices
-    sampler = Sampler(
+    sources = SampleSources(
         devices.on_backend,
         lambda: devices.snapshot,
         pods,
         node.backend,
         cgroup_used=node.isolation.usage,
     )
+    sampler = Sampler(sources)
     try:
         got = await sampler.sample_once()
     finally:

@@ -61,6 +61,7 @@ ONLY_WHEN_USED = (
     "gpuslice.adapters.metrics",
     "prometheus_client",
     "gpuslice.testing",
+    "gpuslice.frontends.dra",  # --dra
 )
 
 

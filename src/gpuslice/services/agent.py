@@ -18,7 +18,7 @@ import structlog
 from gpuslice import __version__
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.metrics import NO_METRICS
-from gpuslice.core.ports import AgentNode, FrontEnd, HealthWatch, Metrics
+from gpuslice.core.ports import AgentNode, Committed, FrontEnd, Metrics, OpenNode
 from gpuslice.core.settings import Settings
 from gpuslice.core.waiting import first_of, unless_stopped
 from gpuslice.services.changes import counts, gpus, resource_changes, served
@@ -75,7 +75,7 @@ class Agent(Generic[N]):
             await self._serve_until(session, generation, settings, stop)
 
     async def _serve_until(
-        self, session: HealthWatch, generation: int, settings: Settings, stop: asyncio.Event
+        self, session: OpenNode, generation: int, settings: Settings, stop: asyncio.Event
     ) -> None:
         node = self.node
         for front_end in self.front_ends:  # one may wait for a predecessor
@@ -83,8 +83,8 @@ class Agent(Generic[N]):
             if started is None:
                 return
             started.result()  # raises what the start did
-        await self._serve_first(generation, settings)
-        async with session.watching_health():
+        first = await self._serve_first(session, generation, settings)
+        async with session.serving(first) as background:  # health and the holds' checks
             self.ready.set()
             log.info(
                 "agent_started",
@@ -95,7 +95,7 @@ class Agent(Generic[N]):
                 gpus=gpus(node.snapshot),
                 serving=served(counts(node.resources)),
             )
-            await self._follow(stop)
+            await self._follow(session, background, stop)
 
     async def _hand_over(self) -> None:
         """The node session's way out, once the MPS daemons run on unsupervised: every
@@ -112,15 +112,17 @@ class Agent(Generic[N]):
         (nothing changed) when they cannot be served on this hardware."""
         await self.desired.request(settings)
 
-    async def _follow(self, stop: asyncio.Event) -> None:
-        tasks = [
-            asyncio.create_task(self._converge()),
-            asyncio.create_task(self.node.follow_holds()),
-        ]
+    async def _follow(
+        self, session: OpenNode, background: Sequence[asyncio.Task[None]], stop: asyncio.Event
+    ) -> None:
+        """Converge and run the front-ends until `stop`; the session's `background` tasks
+        are watched (one that ends is a crash), and stopped by the session."""
+        tasks = [asyncio.create_task(self._converge(session))]
         tasks += [asyncio.create_task(front_end.run()) for front_end in self.front_ends]
+        watched = [*tasks, *background]
         try:
-            await first_of(*tasks, stop.wait(), *(f.failed.wait() for f in self.front_ends))
-            crashed = _crashed(tasks)
+            await first_of(*watched, stop.wait(), *(f.failed.wait() for f in self.front_ends))
+            crashed = _crashed(watched)
         finally:
             for task in tasks:
                 task.cancel()
@@ -131,23 +133,26 @@ class Agent(Generic[N]):
             if front_end.error is not None:
                 raise front_end.error
 
-    async def _serve_first(self, generation: int, settings: Settings) -> None:
+    async def _serve_first(
+        self, session: OpenNode, generation: int, settings: Settings
+    ) -> Committed:
         try:
-            await self._apply(settings)
+            first = await self._apply(session, settings)
         except GpusliceError as exc:
             self.desired.settle(generation, exc)
             raise
         self._generation = generation
         self._metrics.config_applied(settings.shown)
         self.desired.settle(generation, None)
+        return first
 
-    async def _converge(self) -> None:
+    async def _converge(self, session: OpenNode) -> None:
         """Serve each newer desired value as it comes; settle each with its outcome."""
         while True:
             generation, settings = await self.desired.newer_than(self._generation)
             self._generation = generation
             try:
-                await self._serve(settings)
+                await self._serve(session, settings)
             except GpusliceError as exc:
                 self.desired.settle(generation, exc)
             else:
@@ -163,23 +168,24 @@ class Agent(Generic[N]):
             if newer is None:
                 return
 
-    async def _serve(self, settings: Settings) -> None:
+    async def _serve(self, session: OpenNode, settings: Settings) -> None:
         for warning in settings.warnings:
             log.warning("config_warning", config=settings.shown, detail=warning)
         before = counts(self.node.resources)
-        await self._apply(settings)
+        await self._apply(session, settings)
         changes = resource_changes(before, counts(self.node.resources))
         log.info("config_applied", config=settings.shown, changes=changes, source=settings.source)
         self._metrics.config_applied(settings.shown)
 
-    async def _apply(self, settings: Settings) -> None:
+    async def _apply(self, session: OpenNode, settings: Settings) -> Committed:
         """Read the hardware, let every front-end check `settings` on it (nothing changes
         if one refuses), commit both to the node state, then serve on each front-end."""
-        snapshot = await self.node.read()  # raises BackendError
+        snapshot = await session.read()  # raises BackendError
         steps = [front_end.prepare(snapshot, settings) for front_end in self.front_ends]
-        self.node.commit(snapshot, settings)
+        committed = session.commit(snapshot, settings)
         for step in steps:
             await step()
+        return committed
 
 
 def _crashed(tasks: list[asyncio.Task[None]]) -> AgentTaskFailed | None:

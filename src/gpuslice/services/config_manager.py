@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -66,6 +66,27 @@ REJECTED_REASON = "ConfigRejected"
 DEBOUNCE_S = 0.1
 
 
+@dataclass(frozen=True)
+class ConfigInputs(Generic[S]):
+    """Where the configs come from, and how a loaded one becomes settings (flags and env
+    applied)."""
+
+    source: NodeLabelSource  # the node's labels, and where its Events go
+    node: str
+    entries: EntrySource
+    to_settings: Callable[[LoadedConfig], S]
+
+
+@dataclass(frozen=True)
+class ConfigChoice:
+    """How the config in force is chosen."""
+
+    label: str | None = DEFAULT_LABEL  # None: one config, no label (the config file)
+    default: str | None = None  # the flag: wins over a default the entries' source names
+    fallbacks: Sequence[str] = DEFAULT_FALLBACKS
+    debounce_s: float = DEBOUNCE_S
+
+
 class ConfigManager(Generic[S]):
     """Owns the config in force. `to_settings` turns a loaded config into what `apply`
     takes (flags and env applied); `apply` may raise GpusliceError to refuse it. With
@@ -74,32 +95,30 @@ class ConfigManager(Generic[S]):
 
     def __init__(
         self,
-        source: NodeLabelSource,
-        node: str,
-        entries: EntrySource,
-        to_settings: Callable[[LoadedConfig], S],
+        inputs: ConfigInputs[S],
         apply: Callable[[S], Awaitable[None]],
+        choice: ConfigChoice | None = None,  # None: by the default node label
         *,
-        label: str | None = DEFAULT_LABEL,  # None: one config, no label (the config file)
-        default: str | None = None,
-        fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
-        debounce_s: float = DEBOUNCE_S,
         metrics: Metrics = NO_METRICS,
         api_wait: ApiWait | None = None,  # how first reads the API failed are tried again
     ) -> None:
+        choice = choice or ConfigChoice()
+        source, node = inputs.source, inputs.node
         self._api_wait = api_wait or ApiWait()
         self._selector: Selector = (
             FileSelector()
-            if label is None
-            else LabelSelector(source, node, label, default=default, fallbacks=fallbacks)
+            if choice.label is None
+            else LabelSelector(
+                source, node, choice.label, default=choice.default, fallbacks=choice.fallbacks
+            )
         )
         self._events = source
         self._node = node
-        self._entries = entries
-        self._to_settings = to_settings
+        self._entries = inputs.entries
+        self._to_settings = inputs.to_settings
         self._apply = apply
         self._metrics = metrics
-        self._debounce_s = debounce_s
+        self._debounce_s = choice.debounce_s
         self.ready = asyncio.Event()  # set once the first config was applied
         self._standing = Standing(self._selector.first_detail)
         self._applied: tuple[str | None, Config] | None = None

@@ -1,7 +1,7 @@
 """Health events -> per-device marks -> the advertised lists, with recovery.
 
 Owns the HealthThread (events arrive on the loop) and the re-probe timer. Each
-change of the unhealthy set goes to `on_change` (NodeDevices.health_changed),
+change of the unhealthy set goes to `on_change` (the node state's hold(by="health")),
 which returns the resources whose lists changed; each mark and recovery is
 logged with the XID, the GPU, the fault class and the resources holding it.
 Blocking backend calls (probe) run through `call`, never on the loop.

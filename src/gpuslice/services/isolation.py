@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import structlog
 
@@ -171,7 +171,7 @@ class Isolation:
 
     def usage(self, backend: GpuBackend) -> dict[tuple[str, str], int]:
         """(pod UID, GPU UUID) -> currentUsed of each limit in force (on the worker)."""
-        limits = _limits_of(backend)
+        limits = backend.memory_limits()
         out: dict[tuple[str, str], int] = {}
         if limits is None:
             return out
@@ -251,7 +251,7 @@ class Isolation:
     def _pass(self, backend: GpuBackend, inputs: Inputs, first: bool) -> Pass:
         """On the worker: the modes, the pods' cgroups, the kubelet's checkpoint; the
         limits that differ set, those no longer wanted cleared."""
-        limits = _limits_of(backend)
+        limits = backend.memory_limits()
         problem = limit_problem(backend)
         resources, policy = inputs.resources, inputs.settings.memory
         gpus = detect_modes(inputs.snapshot, self._cgroups.facts(problem), mps_gpus(resources))
@@ -344,10 +344,5 @@ def _in_force(limits: MemoryLimits, cgroup: str, gpus: list[str]) -> dict[str, L
 
 def limit_problem(backend: GpuBackend) -> str:
     """Why the backend cannot set per-cgroup memory limits ("" when it can)."""
-    limits = _limits_of(backend)
+    limits = backend.memory_limits()
     return NO_LIMITS if limits is None else limits.limit_problem()
-
-
-def _limits_of(backend: GpuBackend) -> MemoryLimits | None:
-    """The backend's MemoryLimits side; None for one without it."""
-    return cast(MemoryLimits, backend) if hasattr(backend, "set_memory_limit") else None

@@ -24,6 +24,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -91,36 +92,44 @@ class NodeFeatureSink:
         """Nothing: the object's owner references let Kubernetes collect it, as upstream."""
 
 
+@dataclass(frozen=True)
+class LabelPolicy:
+    """When labels are published: every `interval_s` (None: only on changes), or once."""
+
+    interval_s: float | None = 60.0
+    oneshot: bool = False
+    timestamps: bool = True
+    retry_s: float = RETRY_S  # after a failure, doubling up to retry_max_s
+    retry_max_s: float = RETRY_MAX_S
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "retry_s", "retry_max_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+
 class Labeller:
     def __init__(
         self,
         compute: LabelSource,
         sinks: Sequence[LabelSink],
+        policy: LabelPolicy | None = None,  # None: the defaults
         *,
         clock: Callable[[], float] = time.time,
-        interval_s: float | None = 60.0,
-        oneshot: bool = False,
-        timestamps: bool = True,
-        retry_s: float = RETRY_S,
-        retry_max_s: float = RETRY_MAX_S,
         rand: random.Random | None = None,
     ) -> None:
-        for name, value in (
-            ("interval_s", interval_s),
-            ("retry_s", retry_s),
-            ("retry_max_s", retry_max_s),
-        ):
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+        policy = policy or LabelPolicy()
         self._compute = compute
         self._rand = rand or random.Random()  # noqa: S311 - jitter, not secrecy
         self._sinks = tuple(sinks)
         self._clock = clock
-        self._interval = interval_s
-        self._oneshot = oneshot
-        self._timestamps = timestamps
+        self._interval = interval_s = policy.interval_s
+        self._oneshot = policy.oneshot
+        self._timestamps = policy.timestamps
+        retry_max_s = policy.retry_max_s
         retry_max = retry_max_s if interval_s is None else min(retry_max_s, interval_s)
-        self._retry = Backoff(first_s=min(retry_s, retry_max), max_s=retry_max)
+        self._retry = Backoff(first_s=min(policy.retry_s, retry_max), max_s=retry_max)
         self._lock = asyncio.Lock()
         self._nudged = asyncio.Event()
         self._attempted = asyncio.Condition()  # notified after each labelling

@@ -24,9 +24,10 @@ from gpuslice.core.settings import Settings
 from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.waiting import first_of
 from gpuslice.services.config_manager import ConfigManager
-from gpuslice.services.labeller import Labeller, snapshot_labels
+from gpuslice.services.labeller import Labeller, LabelPolicy, snapshot_labels
 from gpuslice.services.node import Apply, LabelOptions
 from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_session import NodeSession
 
 log = structlog.get_logger("gpuslice.labels")
 
@@ -48,13 +49,13 @@ class LabelsNode:
         self._first = first
         self._settings = first
         self._pinned = pinned_limit_mib
-        self._backend = False
+        self._session: NodeSession | None = None  # while the backend is open
         self.labeller = Labeller(
             snapshot_labels(self._read, machine=labels.machine),
             labels.sinks,
-            interval_s=labels.interval_s,
-            oneshot=labels.oneshot,
-            timestamps=labels.timestamps,
+            LabelPolicy(
+                interval_s=labels.interval_s, oneshot=labels.oneshot, timestamps=labels.timestamps
+            ),
         )
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
@@ -63,8 +64,7 @@ class LabelsNode:
         or output that fails."""
         async with contextlib.AsyncExitStack() as stack:
             try:
-                await stack.enter_async_context(self.devices.session())
-                self._backend = True
+                self._session = await stack.enter_async_context(self.devices.session())
             except GpusliceError as exc:
                 if self._first.fail_on_init_error:
                     raise
@@ -81,9 +81,9 @@ class LabelsNode:
 
     async def _read(self) -> tuple[HardwareSnapshot, ResourceSettings]:
         settings = self._settings
-        if not self._backend:
+        if self._session is None:
             return NO_GPUS, settings.resources
-        snapshot = await self.devices.read()
+        snapshot = await self._session.read()
         # what `run` refuses on this hardware is not labelled either (the agent's planning)
         resources = build_resources(snapshot, settings.resources)
         mps_root = settings.allocate.mps_root

@@ -195,7 +195,7 @@ class MigManager:
         return [replace(g, holders=used) for g in gpus]
 
     async def _holders(self) -> dict[str, tuple[str, ...]]:
-        snapshot = await self._devices.read()
+        snapshot = await self._devices.on_backend(lambda backend: backend.snapshot())
         try:
             async with self._pods() as pods:
                 listed = await pods.list()

@@ -30,6 +30,7 @@ import contextlib
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 import structlog
 
@@ -231,31 +232,44 @@ class _Supervisor(Supervisor):
                       error=reason, retry_in_s=retry_in_s)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class MpsTools:
+    """What the daemons are run and asked through, and where their waits are recorded."""
+
+    launcher: MpsLauncher
+    commands: MpsCommands
+    notify: Notify | None = None  # records why new replicas are withheld
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    pinned_limit_mib: int = 0
+    # MPS roots looked through for daemons to adopt or retire beside the config's mpsRoot
+    # (the --mps-root the node was deployed with).
+    roots: tuple[str, ...] = ()
+    budget: RestartBudget | None = None  # None: upstream's
+    poll_s: float = POLL_S
+
+
+REAL_TIME = Timing(time.monotonic, asyncio.sleep)
+
+
 class MpsDaemons:
     def __init__(
         self,
-        launcher: MpsLauncher,
-        commands: MpsCommands,
-        *,
-        pinned_limit_mib: int = 0,
-        roots: Iterable[str] = (),
-        budget: RestartBudget | None = None,
-        poll_s: float = POLL_S,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        notify: Notify | None = None,
+        tools: MpsTools,
+        options: DaemonSettings | None = None,  # None: the defaults
+        timing: Timing = REAL_TIME,
     ) -> None:
-        """`roots`: MPS roots looked through for daemons to adopt or retire beside the
-        config's mpsRoot (the --mps-root the node was deployed with); `notify` records why
-        new replicas are withheld."""
-        self.launcher, self.commands = launcher, commands
-        self.pinned_limit_mib = pinned_limit_mib
-        self.budget = budget or RestartBudget()
-        self.poll_s = poll_s
-        self.clock, self.sleep = clock, sleep
-        self.notify = notify
+        options = options or DaemonSettings()
+        self.launcher, self.commands = tools.launcher, tools.commands
+        self.pinned_limit_mib = options.pinned_limit_mib
+        self.budget = options.budget or RestartBudget()
+        self.poll_s = options.poll_s
+        self.clock, self.sleep = timing.clock, timing.sleep
+        self.notify = tools.notify
         self.daemons: dict[str, _Supervisor] = {}
-        self._roots = {r for r in roots if r}
+        self._roots = {r for r in options.roots if r}
         self._scanned: set[str] = set()
         self._hold: Hold | None = None
         self._background: set[asyncio.Task[None]] = set()

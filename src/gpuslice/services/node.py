@@ -11,16 +11,15 @@ from typing import Any
 
 import structlog
 
-from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import GpusliceError
 from gpuslice.core.ports import LabelSink
+from gpuslice.core.readiness import Check, reported, verdict
 from gpuslice.core.settings import Settings
-from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.waiting import first_of
 from gpuslice.services.agent import Agent
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.isolation import Isolation
-from gpuslice.services.labeller import Labeller, snapshot_labels
+from gpuslice.services.labeller import Labeller
 from gpuslice.services.mig_manager import MigManager
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.sampler import Sampler
@@ -42,79 +41,88 @@ class LabelOptions:
     oneshot: bool = False
 
 
-@dataclass
-class NodeDeps:
+@dataclass(frozen=True)
+class NodeParts:
+    """A node's services, built (wiring.node): the agent, the config manager (the config
+    file, or per-node configs) whose callback is `serve_config`, and what runs beside."""
+
     agent: Agent[NodeDevices]
-    # Builds the config manager (the config file, or per-node configs) around the
-    # callback that applies a config.
-    config: Callable[[Apply], ConfigManager[Settings]]
-    labels: LabelOptions | None = None
-    # Builds the accounting sampler (and the memory-budget watchdog it feeds) over the
-    # node's devices, reading per-pod memory from the limits where they are in force.
-    accounting: (
-        Callable[[NodeDevices, Isolation | None], tuple[Sampler, Watchdog | None]] | None
-    ) = None
-    # Builds the service that keeps per-pod GPU memory limits in force (--memory-isolation).
-    isolation: Callable[[NodeDevices], Isolation] | None = None
+    manager: ConfigManager[Settings]
+    labeller: Labeller | None = None
+    isolation: Isolation | None = None  # per-pod GPU memory limits (--memory-isolation)
+    # The accounting sampler and the memory-budget watchdog it feeds.
+    sampler: Sampler | None = None
+    watchdog: Watchdog | None = None
     # Why the Kubernetes API's watches are down now (None: they hold, or no API).
     watch_trouble: Callable[[], str | None] = lambda: None
-    # Builds the MIG layout follower of nvidia.com/mig.config (--mig-parted-config).
-    mig: Callable[[Agent[NodeDevices]], MigManager] | None = None
+    # The MIG layout follower of nvidia.com/mig.config (--mig-parted-config).
+    mig: MigManager | None = None
+
+
+def serve_config(agent: Agent[NodeDevices], labeller: Labeller | None) -> Apply:
+    """The config manager's callback: serve a config it chose; returns once served (raises
+    if refused), so that what the manager reports is what the kubelet sees."""
+
+    async def apply(settings: Settings) -> None:
+        await agent.apply_settings(settings)
+        if labeller is not None:
+            labeller.nudge()  # labels follow in the background; they never decide a config
+
+    return apply
 
 
 class Node:
-    def __init__(self, deps: NodeDeps) -> None:
-        self.deps = deps
-        self.agent = deps.agent
-        self.devices = deps.agent.node
-        self.manager = deps.config(self._apply)
-        self.isolation = deps.isolation(self.devices) if deps.isolation else None
-        self.mig = deps.mig(self.agent) if deps.mig else None
-        self.labeller = (
-            _labeller(self.devices, deps.labels, self.isolation, self.mig) if deps.labels else None
-        )
+    def __init__(self, parts: NodeParts) -> None:
+        self.parts = parts
+        self.agent = parts.agent
+        self.devices = parts.agent.node
+        self.manager = parts.manager
+        self.isolation = parts.isolation
+        self.mig = parts.mig
+        self.labeller = parts.labeller
         if self.isolation is not None and self.labeller is not None:
             self.isolation.notify = self.labeller.nudge
         if self.mig is not None and self.labeller is not None:
             self.mig.notify = self.labeller.nudge
-        self.sampler: Sampler | None = None
-        self.watchdog: Watchdog | None = None
-        if deps.accounting is not None:
-            self.sampler, self.watchdog = deps.accounting(self.devices, self.isolation)
+        self.sampler = parts.sampler
+        self.watchdog = parts.watchdog
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """What /readyz serves: the verdict of `checks()`."""
+        return verdict(self.checks())
+
+    def checks(self) -> list[Check]:
         """Ready once every front-end serves and is known to the kubelet, or waits to take
         over from a predecessor (its `waiting_for`), and no MPS resource waits for an old
         daemon's clients; details say why not (each front-end's status under its name),
         and which config is in force (a rejected one is reported here too)."""
         front_ends = self.agent.front_ends
-        details: dict[str, Any] = {f.name: dict(f.status()) for f in front_ends}
         started = self.agent.ready.is_set() or any(f.waiting_for for f in front_ends)
-        ready = started and all(f.ready() for f in front_ends)
+        checks = [Check("started", started)]
+        checks += [Check(f.name, f.ready(), dict(f.status())) for f in front_ends]
         if self.devices.unavailable is not None:
-            details["backend"] = self.devices.unavailable
+            checks.append(reported("backend", self.devices.unavailable))
         mps = self.devices.mps
         if mps is not None and mps.daemons:  # new replicas withheld for an old daemon's clients
             waiting = mps.waiting
-            ready = ready and not waiting
-            details["mps"] = {"daemons": mps.status(), "waiting": waiting}
+            checks.append(Check("mps", not waiting, {"daemons": mps.status(), "waiting": waiting}))
         if not self.manager.one_config:
-            details["config"] = self.manager.status.as_dict()
+            checks.append(reported("config", self.manager.status.as_dict()))
         elif self.manager.rejected is not None:  # one config file, re-read on SIGHUP
-            details["config"] = {"ok": False, "detail": self.manager.rejected}
-        watches = self.deps.watch_trouble()
+            checks.append(reported("config", {"ok": False, "detail": self.manager.rejected}))
+        watches = self.parts.watch_trouble()
         if watches is not None:  # reported, still ready: what they last said serves
-            details["api"] = {"ok": False, "detail": f"{watches}; retrying"}
+            checks.append(reported("api", {"ok": False, "detail": f"{watches}; retrying"}))
         cdi_problem = self.devices.cdi_problem
         if cdi_problem is not None:  # reported, still ready
-            details["cdi"] = {"ok": False, "detail": cdi_problem}
+            checks.append(reported("cdi", {"ok": False, "detail": cdi_problem}))
         if self.labeller is not None:  # reported, never a reason to be unready
-            details["labels"] = self.labeller.status()
+            checks.append(reported("labels", self.labeller.status()))
         if self.isolation is not None:  # reported, never a reason to be unready
-            details["memoryIsolation"] = self.isolation.status()
+            checks.append(reported("memoryIsolation", self.isolation.status()))
         if self.mig is not None:  # reported, never a reason to be unready
-            details["migManager"] = self.mig.status()
-        return ready, details
+            checks.append(reported("migManager", self.mig.status()))
+        return checks
 
     async def reload(self) -> bool:
         """Read the config again now (SIGHUP); False when it was refused."""
@@ -141,13 +149,6 @@ class Node:
             failed = group.exceptions[0]  # type: ignore[assignment]
         if failed is not None:  # raised out here: Python before 3.11.4 would wrap it in a group
             raise failed
-
-    async def _apply(self, settings: Settings) -> None:
-        """Serve a config the manager chose; returns once served (raises if refused),
-        so that what the manager reports is what the kubelet sees."""
-        await self.agent.apply_settings(settings)
-        if self.labeller is not None:
-            self.labeller.nudge()  # labels follow in the background; they never decide a config
 
     async def _label(self, stop: asyncio.Event) -> None:
         assert self.labeller is not None
@@ -177,21 +178,3 @@ class Node:
         """Wait for the agent to be ready; False when stopped first."""
         await first_of(self.agent.ready.wait(), stop.wait())
         return not stop.is_set()
-
-
-def _labeller(
-    devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None, mig: MigManager | None
-) -> Labeller:
-    async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
-        return devices.snapshot, devices.settings.resources
-
-    def more() -> dict[str, str]:
-        extra = dict(isolation.labels()) if isolation is not None else {}
-        return extra | (mig.labels() if mig is not None else {})
-
-    return Labeller(
-        snapshot_labels(read, machine=opts.machine, more=more),
-        opts.sinks,
-        interval_s=opts.interval_s,
-        timestamps=opts.timestamps,
-    )

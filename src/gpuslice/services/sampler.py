@@ -14,7 +14,6 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
 
 import structlog
 
@@ -47,31 +46,44 @@ class Reading:
     cgroup_used: Mapping[tuple[str, str], int]  # (pod UID, GPU UUID) -> the limit's currentUsed
 
 
+@dataclass(frozen=True)
+class SampleSources:
+    """Where each sample is read from."""
+
+    on_backend: OnBackend
+    hardware: Callable[[], HardwareSnapshot]
+    pod_resources: PodResources
+    owners: ProcessOwners | None = None  # None: the backend's own (the simulated one's)
+    cgroup_used: CgroupUsed | None = None  # e.g. Isolation.usage: exact per-pod memory
+
+
+@dataclass(frozen=True)
+class SampleHooks:
+    """Who is told of each sample."""
+
+    sampled: Callable[[float, float], None] | None = None  # e.g. Metrics.sampled
+    failed: Callable[[], None] | None = None  # e.g. Metrics.sample_failed
+    after: Callable[[Attribution], Awaitable[None]] | None = None  # e.g. Watchdog.check
+
+
 class Sampler:
     def __init__(
         self,
-        on_backend: OnBackend,
-        hardware: Callable[[], HardwareSnapshot],
-        pod_resources: PodResources,
-        owners: ProcessOwners | None,  # None: the backend's own (the simulated one's)
+        sources: SampleSources,
+        hooks: SampleHooks | None = None,
         *,
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
-        sampled: Callable[[float, float], None] | None = None,  # e.g. Metrics.sampled
-        failed: Callable[[], None] | None = None,  # e.g. Metrics.sample_failed
-        after: Callable[[Attribution], Awaitable[None]] | None = None,  # e.g. Watchdog.check
-        cgroup_used: CgroupUsed | None = None,  # e.g. Isolation.usage: exact per-pod memory
     ) -> None:
-        self._cgroup_used = cgroup_used
-        self._on_backend = on_backend
-        self._hardware = hardware
-        self._pods = pod_resources
-        self._owners = owners
+        hooks = hooks or SampleHooks()
+        self._cgroup_used = sources.cgroup_used
+        self._on_backend = sources.on_backend
+        self._hardware = sources.hardware
+        self._pods = sources.pod_resources
+        self._owners = sources.owners
         self.interval_s = interval_s
         self._clock = clock
-        self._sampled = sampled
-        self._failed = failed
-        self._after = after
+        self._sampled, self._failed, self._after = hooks.sampled, hooks.failed, hooks.after
         self.latest: Attribution | None = None
         self.last_success: float | None = None  # wall-clock time of the latest good sample
         self.error: str | None = None  # why the latest sample failed; None after a good one
@@ -79,9 +91,10 @@ class Sampler:
 
     def _read(self, backend: GpuBackend) -> Reading:
         sample = backend.processes()
-        owners = self._owners if self._owners is not None else cast(ProcessOwners, backend)
+        owners = owners_of(self._owners, backend)
+        owned = dict(owners.owners(sample.pids())) if owners is not None else {}
         used = self._cgroup_used(backend) if self._cgroup_used is not None else {}
-        return Reading(sample, dict(owners.owners(sample.pids())), self._pods.pod_uids(), used)
+        return Reading(sample, owned, self._pods.pod_uids(), used)
 
     async def sample_once(self) -> Attribution | None:
         """Take one sample; on failure keep the last attribution and say why."""
@@ -121,3 +134,8 @@ class Sampler:
                 await self._after(result)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
+
+
+def owners_of(host: ProcessOwners | None, backend: GpuBackend) -> ProcessOwners | None:
+    """Who owns a GPU process: the host's reader, else the backend's own (simulated)."""
+    return host if host is not None else backend.process_owners()

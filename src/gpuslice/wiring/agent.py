@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from gpuslice.adapters.deviceplugin.endpoint import KubeletEndpoint
 from gpuslice.adapters.fswatch import DirWatcher
@@ -34,15 +35,15 @@ from gpuslice.frontends.deviceplugin import (
     ResourceHandler,
     device_plugin_of,
 )
-from gpuslice.frontends.dra.driver import DraDriver
-from gpuslice.frontends.dra.frontend import DraFrontEnd
-from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.agent import Agent
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.claim_shares import ClaimShares
-from gpuslice.services.mps import MpsDaemons, Notify
+from gpuslice.services.mps import DaemonSettings, MpsDaemons, MpsTools, Notify
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.wiring.host import host
+
+if TYPE_CHECKING:
+    from gpuslice.frontends.dra.frontend import DraFrontEnd
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 __all__ = ["CHECKPOINT", "Parts", "agent", "device_plugin_of", "parts", "toolkit_problem"]
@@ -150,7 +151,10 @@ def dra_front_end(
     from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
     from gpuslice.adapters.dra.server import DraServer
     from gpuslice.adapters.kube.dra_api import KubeDraApi
+    from gpuslice.frontends.dra.driver import DraDriver
     from gpuslice.frontends.dra.dynamic_mig import MigInstances
+    from gpuslice.frontends.dra.frontend import DraFrontEnd
+    from gpuslice.frontends.dra.publisher import SlicePublisher
 
     api = KubeDraApi(kubeconfig=opts.api.kubeconfig or None)
     plugin_dir = os.path.join(opts.dra.plugins_dir, dra.driver)
@@ -183,12 +187,10 @@ def mps_daemons(opts: RunOptions, machine: Host, notify: Notify | None = None) -
     from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
 
     binary, socket = machine.mps_binary(), opts.mps.control_socket
+    launcher = RemoteLauncher(socket) if socket else LocalLauncher(binary)
     return MpsDaemons(
-        RemoteLauncher(socket) if socket else LocalLauncher(binary),
-        ControlCommands(binary),
-        pinned_limit_mib=opts.mps.pinned_memory_limit_mib,
-        roots=(opts.mps.root,),
-        notify=notify,
+        MpsTools(launcher, ControlCommands(binary), notify),
+        DaemonSettings(pinned_limit_mib=opts.mps.pinned_memory_limit_mib, roots=(opts.mps.root,)),
     )
 
 

@@ -12,7 +12,7 @@ from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.core.advice import Series, SeriesFacts
 from gpuslice.core.mig import MigProfileSpec
 from gpuslice.core.ports import NodeApi
-from gpuslice.services.config_manager import ConfigManager, NoCluster
+from gpuslice.services.config_manager import ConfigChoice, ConfigInputs, ConfigManager, NoCluster
 from gpuslice.services.config_source import FileEntries
 from gpuslice.services.labels_node import LabelsNode
 from gpuslice.services.node import Apply
@@ -34,7 +34,9 @@ def labels_node(opts: RunOptions, api: NodeApi | None) -> LabelsNode:
 
     def manager(apply: Apply) -> ConfigManager[Settings]:
         return ConfigManager(
-            NoCluster(), opts.api.node_name, entries, to_settings, apply, label=None
+            ConfigInputs(NoCluster(), opts.api.node_name, entries, to_settings),
+            apply,
+            ConfigChoice(label=None),
         )
 
     devices = NodeDevices(machine.open_backend)

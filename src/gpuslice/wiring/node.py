@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from gpuslice.adapters.fswatch import DirWatcher
 from gpuslice.config.loader import LoadedConfig
 from gpuslice.config.options import NO_API_FOR_CONFIG_MAP, NO_API_FOR_NODE_FEATURES, RunOptions
 from gpuslice.config.settings import Settings, load_config, settings_from
 from gpuslice.config.v1 import Config
+from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import ConfigError
 from gpuslice.core.isolation import HostFacts
 from gpuslice.core.metrics import NO_METRICS
@@ -25,11 +26,17 @@ from gpuslice.core.ports import (
     PodCgroups,
     PodEvents,
     PodResources,
-    ProcessOwners,
 )
 from gpuslice.core.settings import LabelSettings
+from gpuslice.core.sharing import ResourceSettings
 from gpuslice.services.claim_shares import ClaimShares
-from gpuslice.services.config_manager import ConfigManager, NoCluster, NodeLabelSource
+from gpuslice.services.config_manager import (
+    ConfigChoice,
+    ConfigInputs,
+    ConfigManager,
+    NoCluster,
+    NodeLabelSource,
+)
 from gpuslice.services.config_source import (
     ConfigMapEntries,
     DirectoryEntries,
@@ -37,11 +44,12 @@ from gpuslice.services.config_source import (
     FileEntries,
 )
 from gpuslice.services.isolation import Isolation, limit_problem
-from gpuslice.services.labeller import NodeFeatureSink
+from gpuslice.services.labeller import Labeller, LabelPolicy, NodeFeatureSink, snapshot_labels
+from gpuslice.services.mig_manager import MigManager
 from gpuslice.services.mps import MPS_WAITING_REASON, Notify
-from gpuslice.services.node import Apply, LabelOptions, Node, NodeDeps
+from gpuslice.services.node import Apply, LabelOptions, Node, NodeParts, serve_config
 from gpuslice.services.node_devices import NodeDevices
-from gpuslice.services.sampler import Sampler
+from gpuslice.services.sampler import SampleHooks, Sampler, SampleSources, owners_of
 from gpuslice.services.watchdog import Watchdog
 from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, parts, watch
 from gpuslice.wiring.host import plugin_settings
@@ -57,6 +65,9 @@ __all__ = [
     "isolation_facts",
     "label_output",
     "node_api",
+    "node_config",
+    "node_labeller",
+    "node_labels",
     "pod_cgroups",
 ]
 
@@ -88,6 +99,37 @@ def build_node(
     is read here, once: its first load is the one served first)."""
     chosen = with_parts or parts(opts, metrics)
     machine = chosen.host
+    manager, first = node_config(opts, machine, api, metrics)
+    labels = node_labels(opts, machine, api, first)
+    shares = ClaimShares() if opts.dra.enabled and opts.isolation.enabled else None
+    notify = (
+        _mps_waiting(api, opts.api.node_name) if api is not None and opts.api.node_name else None
+    )
+    node_agent = agent(opts, metrics, chosen, shares=shares, mps_notify=notify)
+    devices = node_agent.node
+    limits = isolation(opts, machine, devices, shares)
+    mig = mig_manager(opts, api, node_agent)
+    labeller = node_labeller(devices, labels, limits, mig) if labels is not None else None
+    sampler, watchdog = accounting(devices, limits) if accounting is not None else (None, None)
+    return Node(
+        NodeParts(
+            node_agent,
+            manager(serve_config(node_agent, labeller)),
+            labeller,
+            limits,
+            sampler,
+            watchdog,
+            (lambda: api.watch_trouble) if api is not None else lambda: None,
+            mig,
+        )
+    )
+
+
+def node_config(
+    opts: RunOptions, machine: Host, api: NodeApi | None, metrics: Metrics = NO_METRICS
+) -> tuple[Callable[[Apply], ConfigManager[Settings]], Settings | None]:
+    """The config manager around the callback that serves a config, and the settings of
+    the config file read here (None: per-node configs, chosen later). Raises ConfigError."""
     per_node = config_entries(opts, api)
     first: tuple[LoadedConfig, Settings] | None = None
     if per_node is None:
@@ -103,31 +145,49 @@ def build_node(
 
     def manager(apply: Apply) -> ConfigManager[Settings]:
         return ConfigManager(
-            source,
-            opts.api.node_name,
-            entries,
-            to_settings,
+            ConfigInputs(source, opts.api.node_name, entries, to_settings),
             apply,
-            label=opts.source.node_label if first is None else None,
-            default=opts.source.default or None,
-            fallbacks=opts.source.fallbacks,
+            ConfigChoice(
+                label=opts.source.node_label if first is None else None,
+                default=opts.source.default or None,
+                fallbacks=opts.source.fallbacks,
+            ),
             metrics=metrics,
         )
 
-    labels = None
-    if opts.api.labels == "true" or (opts.api.labels == "auto" and api is not None):
-        # Per-node configs are chosen later: there only flags, env vars and defaults count.
-        gfd = first[1].labels if first else settings_from(LoadedConfig(Config()), opts).labels
-        labels = label_output(opts, machine, api, gfd)
-    shares = ClaimShares() if opts.dra.enabled and opts.isolation.enabled else None
-    notify = (
-        _mps_waiting(api, opts.api.node_name) if api is not None and opts.api.node_name else None
+    return manager, first[1] if first is not None else None
+
+
+def node_labels(
+    opts: RunOptions, machine: Host, api: NodeApi | None, first: Settings | None
+) -> LabelOptions | None:
+    """Where the labels beside the plugin go (None: not labelled), by the config file's
+    settings `first`; per-node configs are chosen later: there only flags, env vars and
+    defaults count."""
+    if not (opts.api.labels == "true" or (opts.api.labels == "auto" and api is not None)):
+        return None
+    gfd = first.labels if first else settings_from(LoadedConfig(Config()), opts).labels
+    return label_output(opts, machine, api, gfd)
+
+
+def node_labeller(
+    devices: NodeDevices, opts: LabelOptions, isolation: Isolation | None, mig: MigManager | None
+) -> Labeller:
+    """The labeller beside the plugin: the committed hardware and settings' labels, memory
+    isolation's where it is on, and the MIG layout's state where it is followed."""
+
+    async def read() -> tuple[HardwareSnapshot, ResourceSettings]:
+        return devices.snapshot, devices.settings.resources
+
+    def more() -> dict[str, str]:
+        extra = dict(isolation.labels()) if isolation is not None else {}
+        return extra | (mig.labels() if mig is not None else {})
+
+    return Labeller(
+        snapshot_labels(read, machine=opts.machine, more=more),
+        opts.sinks,
+        LabelPolicy(interval_s=opts.interval_s, timestamps=opts.timestamps),
     )
-    node_agent = agent(opts, metrics, chosen, shares=shares, mps_notify=notify)
-    trouble = (lambda: api.watch_trouble) if api is not None else lambda: None
-    deps = NodeDeps(node_agent, manager, labels, accounting, isolation(opts, machine, shares),
-                    trouble, mig=mig_manager(opts, api))  # fmt: skip
-    return Node(deps)
 
 
 def _mps_waiting(api: NodeApi, node: str) -> Notify:
@@ -152,8 +212,8 @@ def isolation_facts(cgroups: PodCgroups, backend: GpuBackend) -> HostFacts:
 
 
 def isolation(
-    opts: RunOptions, machine: Host, claims: ClaimShares | None = None
-) -> Callable[[NodeDevices], Isolation] | None:
+    opts: RunOptions, machine: Host, devices: NodeDevices, claims: ClaimShares | None = None
+) -> Isolation | None:
     """Per-pod GPU memory limits (--memory-isolation): the host's pod cgroups under
     --cgroup-root, the kubelet's device checkpoint and the DRA front-end's prepared
     claims (`claims`) for who holds which share."""
@@ -164,17 +224,14 @@ def isolation(
     tree = pod_cgroups(opts, machine)
     path = os.path.join(opts.kubelet.plugin_dir, CHECKPOINT)
 
-    def build(devices: NodeDevices) -> Isolation:
-        return Isolation(
-            devices,
-            tree,
-            lambda: read_checkpoint(path),
-            watch,
-            also_watch=((opts.kubelet.plugin_dir, frozenset({CHECKPOINT})),),
-            claims=claims,
-        )
-
-    return build
+    return Isolation(
+        devices,
+        tree,
+        lambda: read_checkpoint(path),
+        watch,
+        also_watch=((opts.kubelet.plugin_dir, frozenset({CHECKPOINT})),),
+        claims=claims,
+    )
 
 
 def _config_watch(path: str, names: Collection[str] | None) -> DirEvents:
@@ -229,11 +286,17 @@ def accounting(
     owners = machine.process_owners()
 
     def build(devices: NodeDevices, limits: Isolation | None) -> tuple[Sampler, Watchdog | None]:
+        def kill_on(backend: GpuBackend, pid: int) -> None:
+            found = owners_of(owners, backend)
+            if found is None:
+                raise ProcessLookupError(pid, "nothing here knows who owns GPU processes")
+            found.kill(pid)
+
         async def kill(pid: int) -> None:
             if owners is not None:
                 owners.kill(pid)
             else:
-                await devices.on_backend(lambda backend: cast(ProcessOwners, backend).kill(pid))
+                await devices.on_backend(lambda backend: kill_on(backend, pid))
 
         watchdog = Watchdog(
             opts.accounting.budget_policy,
@@ -245,16 +308,11 @@ def accounting(
             metrics=metrics,
             enforced=limits.enforced if limits is not None else frozenset,
         )
+        used = limits.usage if limits is not None else None
         sampler = Sampler(
-            devices.on_backend,
-            lambda: devices.snapshot,
-            pods,
-            owners,
+            SampleSources(devices.on_backend, lambda: devices.snapshot, pods, owners, used),
+            SampleHooks(metrics.sampled, metrics.sample_failed, watchdog.check),
             interval_s=opts.accounting.sample_interval_s,
-            sampled=metrics.sampled,
-            failed=metrics.sample_failed,
-            after=watchdog.check,
-            cgroup_used=limits.usage if limits is not None else None,
         )
         return sampler, watchdog
 

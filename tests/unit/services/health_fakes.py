@@ -22,7 +22,7 @@ from gpuslice.core.sharing import (
 )
 from gpuslice.frontends.deviceplugin.manager import PluginManager
 from gpuslice.frontends.deviceplugin.resource_handler import ResourceHandler
-from gpuslice.services.node_devices import NodeDevices
+from gpuslice.services.node_devices import HEALTH, NodeDevices
 
 
 class ScriptedBackend:
@@ -65,6 +65,12 @@ class ScriptedBackend:
             return self._answers.get(gpu_uuid, True)
 
     def mig_control(self) -> None:
+        return None
+
+    def memory_limits(self) -> None:
+        return None
+
+    def process_owners(self) -> None:
         return None
 
     def close(self) -> None:
@@ -139,7 +145,7 @@ class Node:
 
     def on_change(self, unhealthy: frozenset[str]) -> list[str]:
         self.changes.put_nowait(unhealthy)
-        return self.devices.health_changed(unhealthy)
+        return self.devices.hold(unhealthy, by=HEALTH)
 
     def health(self) -> dict[str, bool]:
         """Kubelet device ID -> healthy, over every served resource."""

@@ -18,7 +18,7 @@ from gpuslice.config.loader import LoadedConfig
 from gpuslice.core.errors import BackendError
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.services.api_wait import ApiWait
-from gpuslice.services.config_manager import ConfigManager, ConfigStatus
+from gpuslice.services.config_manager import ConfigInputs, ConfigManager, ConfigStatus
 from gpuslice.services.config_source import ConfigMapEntries
 from gpuslice.testing.nodeapi import MemoryNodeApi
 
@@ -81,7 +81,7 @@ class Applied:
 def manager(api: MemoryNodeApi, clock: StepClock, applied: Applied) -> ConfigManager[int]:
     wait = ApiWait(sleep=clock.sleep, clock=clock.time, draw=lambda _low, high: high)
     entries = ConfigMapEntries(api, NS, CM)
-    return ConfigManager(api, NODE, entries, replicas, applied, api_wait=wait)
+    return ConfigManager(ConfigInputs(api, NODE, entries, replicas), applied, api_wait=wait)
 
 
 @contextlib.asynccontextmanager

@@ -30,7 +30,13 @@ from gpuslice.core.metrics import NoMetrics
 from gpuslice.core.ports import DirEvents, DirWatch
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.core.sharing import ResourceSettings
-from gpuslice.services.config_manager import ConfigManager, ConfigStatus, NoCluster
+from gpuslice.services.config_manager import (
+    ConfigChoice,
+    ConfigInputs,
+    ConfigManager,
+    ConfigStatus,
+    NoCluster,
+)
 from gpuslice.services.config_source import ConfigMapEntries, DirectoryEntries, FileEntries
 from gpuslice.testing.nodeapi import MemoryNodeApi
 
@@ -212,14 +218,9 @@ def manager_for(
     debounce_s: float = 0.1,
 ) -> ConfigManager[Applied]:
     return ConfigManager(
-        node,
-        NODE,
-        DirectoryEntries(configmap.path, watch),
-        to_settings,
+        ConfigInputs(node, NODE, DirectoryEntries(configmap.path, watch), to_settings),
         applier,
-        default=default,
-        fallbacks=fallbacks,
-        debounce_s=debounce_s,
+        ConfigChoice(default=default, fallbacks=fallbacks, debounce_s=debounce_s),
     )
 
 
@@ -682,7 +683,9 @@ def api_manager(
     node: FakeNode, api: MemoryNodeApi, applier: Applier, *, default: str | None = None
 ) -> ConfigManager[Applied]:
     return ConfigManager(
-        node, NODE, ConfigMapEntries(api, NS, CM), to_settings, applier, default=default
+        ConfigInputs(node, NODE, ConfigMapEntries(api, NS, CM), to_settings),
+        applier,
+        ConfigChoice(default=default),
     )
 
 
@@ -872,7 +875,10 @@ async def test_the_config_file_is_applied_on_each_reload_and_a_refusal_counts_ag
     entries = FileEntries(str(path), lambda: load_config_file(str(path)))
     metrics = Rejections()
     manager = ConfigManager(
-        NoCluster(), NODE, entries, to_settings, applier, label=None, metrics=metrics
+        ConfigInputs(NoCluster(), NODE, entries, to_settings),
+        applier,
+        ConfigChoice(label=None),
+        metrics=metrics,
     )
     async with running(manager) as task:
         await started(manager, task)

@@ -14,6 +14,7 @@ from health_fakes import Node, mixed_node, serve
 from gpuslice.core.sharing import GPU_RESOURCE
 from gpuslice.core.usage import CheckpointEntry, ContainerDevices
 from gpuslice.services.holds import DeviceHolds
+from gpuslice.services.node_devices import HEALTH
 
 SHARED = "nvidia.com/gpu.shared"
 
@@ -61,14 +62,14 @@ async def test_a_hold_and_xid_health_each_keep_their_marks() -> None:
     assert on(node, SHARED) == {False}
     assert on(node, "nvidia.com/mig-1g.5gb") == {True}  # GPU 0's MIG devices: not held
 
-    node.devices.health_changed(frozenset())  # health says all is well: the hold stays
+    node.devices.hold(frozenset(), by=HEALTH)  # health says all is well: the hold stays
     assert on(node, SHARED) == {False}
-    node.devices.health_changed(frozenset({gpu1}))  # an XID on GPU 1
+    node.devices.hold(frozenset({gpu1}), by=HEALTH)  # an XID on GPU 1
     pods.listed = []  # the old container is gone
     await holds.check(node.snapshot, node.resources)
     assert holds.held == frozenset()
     assert on(node, SHARED) == {False}  # still unhealthy by XID
-    node.devices.health_changed(frozenset())
+    node.devices.hold(frozenset(), by=HEALTH)
     assert on(node, SHARED) == {True}
 
 

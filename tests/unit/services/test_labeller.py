@@ -19,7 +19,7 @@ from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.errors import BackendError, HardwareError
 from gpuslice.core.labels import TIMESTAMP_LABEL, node_labels
 from gpuslice.core.sharing import MIG_SINGLE, ResourceSettings
-from gpuslice.services.labeller import Labeller, NodeFeatureSink, snapshot_labels
+from gpuslice.services.labeller import Labeller, LabelPolicy, NodeFeatureSink, snapshot_labels
 
 T4 = {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "1"}
 T4_SHARED = {"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.count": "1"}
@@ -119,7 +119,9 @@ async def test_oneshot_publishes_stamped_labels_to_every_sink_and_keeps_them(
     feature_file: FeatureFile,
 ) -> None:
     recorder = RecordingSink()
-    labeller = Labeller(Source(T4), [feature_file, recorder], clock=Clock(1700.9), oneshot=True)
+    labeller = Labeller(
+        Source(T4), [feature_file, recorder], LabelPolicy(oneshot=True), clock=Clock(1700.9)
+    )
     await labeller.run(asyncio.Event())
     expected = {**T4, TIMESTAMP_LABEL: "1700"}
     assert file_labels(feature_file) == expected
@@ -131,14 +133,18 @@ async def test_oneshot_publishes_stamped_labels_to_every_sink_and_keeps_them(
 async def test_without_timestamps_no_timestamp_is_published() -> None:
     recorder = RecordingSink()
     source = Source({**T4, TIMESTAMP_LABEL: "5"})
-    await Labeller(source, [recorder], oneshot=True, timestamps=False).run(asyncio.Event())
+    await Labeller(source, [recorder], LabelPolicy(oneshot=True, timestamps=False)).run(
+        asyncio.Event()
+    )
     assert recorder.calls == [T4]
 
 
 async def test_the_labeller_owns_the_timestamp() -> None:
     recorder = RecordingSink()
     source = Source({**T4, TIMESTAMP_LABEL: "5"})
-    await Labeller(source, [recorder], clock=Clock(42), oneshot=True).run(asyncio.Event())
+    await Labeller(source, [recorder], LabelPolicy(oneshot=True), clock=Clock(42)).run(
+        asyncio.Event()
+    )
     assert recorder.calls[0][TIMESTAMP_LABEL] == "42"
 
 
@@ -173,7 +179,7 @@ async def test_interval_mode_relabels_until_stopped_then_removes_the_file(
     feature_file: FeatureFile,
 ) -> None:
     recorder = RecordingSink()
-    labeller = Labeller(Source(T4), [feature_file, recorder], interval_s=0.01)
+    labeller = Labeller(Source(T4), [feature_file, recorder], LabelPolicy(interval_s=0.01))
     async for _stop in running(labeller):
         await recorder.until(3)
         assert path_of(feature_file).exists()
@@ -183,7 +189,7 @@ async def test_interval_mode_relabels_until_stopped_then_removes_the_file(
 
 async def test_infinite_mode_labels_once_then_only_on_relabel(feature_file: FeatureFile) -> None:
     source, recorder = Source(T4), RecordingSink()
-    labeller = Labeller(source, [feature_file, recorder], interval_s=None)
+    labeller = Labeller(source, [feature_file, recorder], LabelPolicy(interval_s=None))
     async for _stop in running(labeller):
         await recorder.until(1)
         source.labels = dict(T4_SHARED)
@@ -197,7 +203,7 @@ async def test_oneshot_raises_a_labelling_failure() -> None:
     source = Source(T4)
     source.errors.append(HardwareError("driver version '550' does not match X.Y[.Z]"))
     with pytest.raises(HardwareError, match="driver version"):
-        await Labeller(source, [RecordingSink()], oneshot=True).run(asyncio.Event())
+        await Labeller(source, [RecordingSink()], LabelPolicy(oneshot=True)).run(asyncio.Event())
 
 
 async def test_a_failed_labelling_is_logged_and_retried_even_in_infinite_mode(
@@ -205,7 +211,7 @@ async def test_a_failed_labelling_is_logged_and_retried_even_in_infinite_mode(
 ) -> None:
     source, recorder = Source(T4), RecordingSink()
     source.errors.append(HardwareError("driver version '550' does not match X.Y[.Z]"))
-    labeller = Labeller(source, [recorder], interval_s=None, retry_s=0.01)
+    labeller = Labeller(source, [recorder], LabelPolicy(interval_s=None, retry_s=0.01))
     async for _stop in running(labeller):
         await recorder.until(1)
     assert source.calls >= 2
@@ -217,7 +223,9 @@ async def test_a_failing_sink_does_not_stop_the_others_and_is_retried(
     feature_file: FeatureFile,
 ) -> None:
     flaky = RecordingSink(failures=1)
-    labeller = Labeller(Source(T4), [flaky, feature_file], interval_s=None, retry_s=0.01)
+    labeller = Labeller(
+        Source(T4), [flaky, feature_file], LabelPolicy(interval_s=None, retry_s=0.01)
+    )
     with pytest.raises(BackendError, match="unreachable"):
         await labeller.relabel()
     assert file_labels(feature_file)["nvidia.com/gpu.product"] == "Tesla-T4"
@@ -228,11 +236,11 @@ async def test_a_failing_sink_does_not_stop_the_others_and_is_retried(
 
 def test_intervals_must_be_positive() -> None:
     with pytest.raises(ValueError, match="interval_s"):
-        Labeller(Source(T4), [], interval_s=0)
+        Labeller(Source(T4), [], LabelPolicy(interval_s=0))
     with pytest.raises(ValueError, match="retry_s"):
-        Labeller(Source(T4), [], retry_s=-1)
+        Labeller(Source(T4), [], LabelPolicy(retry_s=-1))
     with pytest.raises(ValueError, match="retry_max_s"):
-        Labeller(Source(T4), [], retry_max_s=0)
+        Labeller(Source(T4), [], LabelPolicy(retry_max_s=0))
 
 
 async def test_retries_back_off_twice_as_long_each_time_up_to_the_cap(
@@ -240,7 +248,9 @@ async def test_retries_back_off_twice_as_long_each_time_up_to_the_cap(
 ) -> None:
     """The same reason again is logged at debug level only; recovery is logged."""
     flaky = RecordingSink(failures=4)
-    labeller = Labeller(Source(T4), [flaky], interval_s=None, retry_s=0.01, retry_max_s=0.04)
+    labeller = Labeller(
+        Source(T4), [flaky], LabelPolicy(interval_s=None, retry_s=0.01, retry_max_s=0.04)
+    )
     async for _stop in running(labeller):
         await flaky.until(5)
         await asyncio.wait_for(labeller.wait_for(lambda: labeller.status()["ok"]), 5)
@@ -252,7 +262,7 @@ async def test_retries_back_off_twice_as_long_each_time_up_to_the_cap(
 
 async def test_status_says_how_publishing_stands() -> None:
     flaky, source = RecordingSink(failures=1), Source(T4)
-    labeller = Labeller(source, [flaky], interval_s=None, retry_s=30)
+    labeller = Labeller(source, [flaky], LabelPolicy(interval_s=None, retry_s=30))
     assert labeller.status() == {"ok": False, "detail": "not labelled yet"}
     async for _stop in running(labeller):
         await flaky.until(1)
@@ -270,7 +280,7 @@ async def test_status_says_how_publishing_stands() -> None:
 
 async def test_a_nudge_relabels_in_the_background_in_infinite_mode() -> None:
     source, recorder = Source(T4), RecordingSink()
-    labeller = Labeller(source, [recorder], interval_s=None)
+    labeller = Labeller(source, [recorder], LabelPolicy(interval_s=None))
     async for _stop in running(labeller):
         await recorder.until(1)
         source.labels = dict(T4_SHARED)
@@ -292,11 +302,11 @@ class BrokenSink(RecordingSink):
 
 async def test_an_unexpected_sink_error_is_reported_and_retried_not_raised() -> None:
     sink = BrokenSink()
-    labeller = Labeller(Source(T4), [sink], interval_s=None, retry_s=0.01)
+    labeller = Labeller(Source(T4), [sink], LabelPolicy(interval_s=None, retry_s=0.01))
     async for _stop in running(labeller):
         await sink.until(2)
         await asyncio.wait_for(labeller.wait_for(lambda: labeller.status()["ok"]), 5)
-    direct = Labeller(Source(T4), [BrokenSink()], interval_s=None)
+    direct = Labeller(Source(T4), [BrokenSink()], LabelPolicy(interval_s=None))
     with pytest.raises(RuntimeError):  # relabel() itself still raises it
         await direct.relabel()
     assert direct.status() == {"ok": False, "detail": "unexpected answer"}  # one line
@@ -369,7 +379,7 @@ async def test_every_interval_is_jittered_so_timers_restarted_together_drift_apa
     differ from node to node (up to 20 % either way), each drawn anew."""
     draws = Draws(5)
     source = Source(T4)
-    labeller = Labeller(source, [RecordingSink()], interval_s=0.01, rand=draws)
+    labeller = Labeller(source, [RecordingSink()], LabelPolicy(interval_s=0.01), rand=draws)
     async for _stop in running(labeller):
         await asyncio.wait_for(labeller.wait_for(lambda: source.calls >= 4), 5)
     assert len(draws.draws) >= 3  # one per wait
@@ -385,7 +395,7 @@ async def test_a_failing_sink_is_retried_on_backoff_and_logged_once_whatever_nud
     asked again only as the backoff says, and each log line appears once per reason; the
     reason stays in status() (a readiness detail)."""
     sink, source = RecordingSink(failures=1000), Source(T4)
-    labeller = Labeller(source, [sink], retry_s=60.0, interval_s=None)
+    labeller = Labeller(source, [sink], LabelPolicy(retry_s=60.0, interval_s=None))
     async for _ in running(labeller):
         await sink.until(1)
         await labeller.wait_for(lambda: not labeller.status()["ok"])

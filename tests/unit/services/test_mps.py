@@ -11,7 +11,8 @@ from collections.abc import Callable
 from gpuslice.core.mps import DaemonPlan, RunningDaemon
 from gpuslice.core.ports import MpsError
 from gpuslice.core.restart import RestartBudget
-from gpuslice.services.mps import MpsDaemons
+from gpuslice.services.mps import DaemonSettings, MpsDaemons, MpsTools
+from gpuslice.services.supervision import Timing
 
 ROOT = "/mps/nvidia.com/gpu"
 PLAN = DaemonPlan("nvidia.com/gpu", ROOT, ("GPU-a", "GPU-b"), (100, 100), 50)
@@ -107,11 +108,9 @@ class Node:
 
     def daemons(self, budget: RestartBudget | None = None) -> MpsDaemons:
         daemons = MpsDaemons(
-            Launcher(self.host),
-            Commands(self.host),
-            budget=budget,
-            clock=lambda: self.now,
-            sleep=self.sleep,
+            MpsTools(Launcher(self.host), Commands(self.host)),
+            DaemonSettings(budget=budget),
+            Timing(lambda: self.now, self.sleep),
         )
         daemons.notify = self.record
         return daemons

@@ -96,6 +96,9 @@ class FakeBackend:
             self._ingest()
             return self._processes.sample()
 
+    def process_owners(self) -> FakeBackend:
+        return self
+
     def owners(self, pids: Collection[int]) -> dict[int, ProcessOwner]:
         """The pods the events file gave these processes (the ProcessOwners port)."""
         with self._lock:
@@ -118,6 +121,9 @@ class FakeBackend:
             return tuple(self._refused)
 
     # The MemoryLimits port: the driver's per-cgroup limits, as r615 applies them.
+
+    def memory_limits(self) -> FakeBackend:
+        return self
 
     def limit_problem(self) -> str:
         """As a real driver of the node's version: r615 and later have the calls."""

@@ -165,7 +165,13 @@ class NvmlBackend:
     def mig_control(self) -> NvmlMig:
         return self._mig
 
+    def process_owners(self) -> None:
+        return None  # the host's cgroups say (adapters.cgroups)
+
     # The MemoryLimits port (adapters.nvml.limits).
+
+    def memory_limits(self) -> NvmlBackend:
+        return self
 
     def limit_problem(self) -> str:
         return limits.limit_problem(self._nv)

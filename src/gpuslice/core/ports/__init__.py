@@ -45,11 +45,12 @@ from gpuslice.core.ports.mps import (
 from gpuslice.core.ports.node import (
     AgentNode,
     CdiStore,
+    Committed,
     DevicePlan,
     FrontEnd,
     FrontEndStep,
-    HealthWatch,
     NodeView,
+    OpenNode,
     UnhealthyListener,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "ClaimCheckpoint",
     "ClaimDir",
     "ClaimSpecs",
+    "Committed",
     "ConfigMapView",
     "DevicePlan",
     "DirEvents",
@@ -70,7 +72,6 @@ __all__ = [
     "FrontEnd",
     "FrontEndStep",
     "GpuBackend",
-    "HealthWatch",
     "Host",
     "LabelSink",
     "MemoryLimits",
@@ -82,6 +83,7 @@ __all__ = [
     "MpsLauncher",
     "NodeApi",
     "NodeView",
+    "OpenNode",
     "PluginEndpoint",
     "PluginHandler",
     "PodCgroups",

@@ -38,6 +38,15 @@ class GpuBackend(Protocol):
         """The backend's MIG control; None where it cannot change MIG layouts."""
         ...
 
+    def memory_limits(self) -> MemoryLimits | None:
+        """The driver's per-cgroup memory limits; None where the backend has no such calls."""
+        ...
+
+    def process_owners(self) -> ProcessOwners | None:
+        """Who owns its processes, when the backend itself knows (the simulated one); None:
+        the host says (Host.process_owners)."""
+        ...
+
     def close(self) -> None:
         """Release the backend (NVML shutdown, file handles)."""
         ...

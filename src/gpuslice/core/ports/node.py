@@ -29,12 +29,16 @@ T = TypeVar("T")
 # --- One node, several front-ends -------------------------------------------------------
 #
 # The node's device state (services.node_devices.NodeDevices) is the one owner of what
-# the node holds: the backend and its worker thread, the hardware snapshot, the settings
-# in force, health and every other hold on a device, the CDI specs and the MPS daemons.
+# the node holds: what it knows (services.node_state: the hardware snapshot, the settings
+# in force, health and every other hold on a device) and what runs on it (the backend and
+# its worker thread, the CDI specs, the MPS daemons, health's watch, in a session).
 # A front-end is one way of telling the kubelet about those devices (the device-plugin
 # API today; DRA next). The agent (services.agent) converges: desired settings go to the
 # node state first, then to each front-end. A new front-end is a new package under
 # gpuslice.frontends implementing FrontEnd over NodeView, plus its lines in wiring.
+
+# What runs beside the agent once it serves, owned by the node's session (OpenNode.serving).
+Background = Sequence[asyncio.Task[None]]
 
 # Told each new merged unhealthy set; returns the names of what it serves that changed.
 UnhealthyListener = Callable[[frozenset[str]], Iterable[str]]
@@ -94,9 +98,10 @@ class NodeView(Protocol):
         """Holder -> the devices it holds Unhealthy ("health" is health's own marks)."""
         ...
 
-    def hold(self, devices: frozenset[str], *, by: str) -> None:
+    def hold(self, devices: frozenset[str], *, by: str) -> Iterable[str]:
         """Hold `devices` Unhealthy on behalf of `by`, replacing what `by` held; health's
-        updates never clear a hold, and a holder never clears another's."""
+        updates never clear a hold, and a holder never clears another's. Returns the
+        served names whose lists changed."""
         ...
 
     def on_unhealthy(self, listener: UnhealthyListener) -> None:
@@ -137,31 +142,44 @@ class NodeView(Protocol):
         ...
 
 
-class HealthWatch(Protocol):
-    """The node while its backend is open (AgentNode.session)."""
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """Hardware and settings made the ones in force: only OpenNode.commit makes one."""
 
-    def watching_health(self) -> AbstractAsyncContextManager[None]:
-        """Health (events and re-probes) while the block runs; after the first commit."""
-        ...
+    snapshot: HardwareSnapshot
+    settings: Settings
 
 
-class AgentNode(Protocol):
-    """What the agent drives of the node's device state (services.node_devices): one
-    session that owns the node's lifecycle in order, and the read-commit step."""
-
-    def session(
-        self, hand_over: Callable[[], Awaitable[None]]
-    ) -> AbstractAsyncContextManager[HealthWatch]:
-        """The backend open for the block (GpusliceError on entry when it cannot open);
-        on the way out `hand_over` runs once the MPS daemons run on unsupervised."""
-        ...
+class OpenNode(Protocol):
+    """The node while its backend is open (AgentNode.session): it reads and commits, and
+    runs what needs the first commit (health, the holds' checks) while `serving` does."""
 
     async def read(self) -> HardwareSnapshot:
         """The hardware now. Raises BackendError."""
         ...
 
-    def commit(self, snapshot: HardwareSnapshot, settings: Settings) -> None:
+    def commit(self, snapshot: HardwareSnapshot, settings: Settings) -> Committed:
         """Make both the ones in force (checked by every front-end)."""
+        ...
+
+    def serving(
+        self, first: Committed
+    ) -> AbstractAsyncContextManager[Sequence[asyncio.Task[None]]]:
+        """Health (events and re-probes, by `first`'s settings) and the holds' checks while
+        the block runs, started and stopped by the session; the block gets their tasks,
+        to watch (one that ends is a crash), never to cancel."""
+        ...
+
+
+class AgentNode(Protocol):
+    """What the agent drives of the node's device state (services.node_devices): one
+    session that owns the node's lifecycle in order."""
+
+    def session(
+        self, hand_over: Callable[[], Awaitable[None]]
+    ) -> AbstractAsyncContextManager[OpenNode]:
+        """The backend open for the block (GpusliceError on entry when it cannot open);
+        on the way out `hand_over` runs once the MPS daemons run on unsupervised."""
         ...
 
     @property
@@ -170,10 +188,6 @@ class AgentNode(Protocol):
     @property
     def resources(self) -> tuple[Resource, ...]:
         """What every front-end serves now."""
-        ...
-
-    async def follow_holds(self) -> None:
-        """Check the holds against what is served; until cancelled."""
         ...
 
 
