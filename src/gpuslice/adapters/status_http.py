@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from gpuslice.config.flags import split_address
-from gpuslice.core.access_cache import Outcome, Verdict
+from gpuslice.core.access_cache import AccessVerdict, Outcome
 from gpuslice.core.errors import BackendError
 
 log = structlog.get_logger("gpuslice.status")
@@ -43,7 +43,7 @@ ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
 # () -> (content type, body); called off the loop
 MetricsPage = Callable[[], tuple[str, bytes]]
 # the Authorization header (None: absent) -> whether /metrics may be read
-Authorize = Callable[[str | None], Awaitable[Verdict]]
+Authorize = Callable[[str | None], Awaitable[AccessVerdict]]
 _REFUSED = {
     Outcome.UNAUTHENTICATED: "401 Unauthorized",
     Outcome.FORBIDDEN: "403 Forbidden",

@@ -21,14 +21,14 @@ class Outcome(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AccessVerdict:
     outcome: Outcome
     why: str = ""  # one line, for the reply and the log; names no token
 
 
 @dataclass(frozen=True)
 class _Entry:
-    verdict: Verdict
+    verdict: AccessVerdict
     expires: float
 
 
@@ -45,7 +45,7 @@ class VerdictCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: bytes, now: float) -> Verdict | None:
+    def get(self, key: bytes, now: float) -> AccessVerdict | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -55,7 +55,7 @@ class VerdictCache:
         self._entries.move_to_end(key)
         return entry.verdict
 
-    def put(self, key: bytes, verdict: Verdict, now: float) -> None:
+    def put(self, key: bytes, verdict: AccessVerdict, now: float) -> None:
         """Keep `verdict` until now + ttl_s; an UNAVAILABLE one is not kept."""
         if verdict.outcome is Outcome.UNAVAILABLE:
             return

@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.placement import Placement
+from gpuslice.core.placement import ResourceShare
 from gpuslice.core.resources import RESOURCE_PREFIX, AdvertisedDevice, serving
 from gpuslice.core.sharing import NONE, ReplicaRule, ResourceSettings, SharingPlan
 
 Warn = Callable[[str], None]
 MAX_LABEL_NAME = 63  # the part of a label key after its prefix
-_Holders = dict[str, list[tuple[AdvertisedDevice, Placement]]]
+_Holders = dict[str, list[tuple[AdvertisedDevice, ResourceShare]]]
 
 
 def per_gpu(gpus: tuple[Gpu, ...], settings: ResourceSettings) -> dict[str, _Holders] | None:

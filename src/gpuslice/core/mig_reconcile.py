@@ -20,7 +20,7 @@ PENDING, SUCCESS, FAILED = "pending", "success", "failed"
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class LayoutPass:
     """What one pass decides: the plans to run now, and the state with its reason."""
 
     run: tuple[GpuPlan, ...]  # GPUs that change now, in index order
@@ -28,7 +28,7 @@ class Verdict:
     reason: str = ""  # why GPUs wait ("" when none does)
 
 
-def decide(plans: Sequence[GpuPlan], busy: Iterable[str] = ()) -> Verdict:
+def decide(plans: Sequence[GpuPlan], busy: Iterable[str] = ()) -> LayoutPass:
     """Run every GPU that must change and nothing holds; `busy` (GPU UUIDs with
     processes) holds a GPU whose mode change resets it, which waits until it is idle."""
     busy_set = frozenset(busy)
@@ -46,7 +46,7 @@ def decide(plans: Sequence[GpuPlan], busy: Iterable[str] = ()) -> Verdict:
         else:
             run.append(plan)
     state = PENDING if run or waiting else SUCCESS
-    return Verdict(tuple(run), state, "; ".join(waiting))
+    return LayoutPass(tuple(run), state, "; ".join(waiting))
 
 
 def holders(

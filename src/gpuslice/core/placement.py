@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class ResourceShare:
     """How one device of a resource is served."""
 
     name: str  # the advertised resource
@@ -37,7 +37,7 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    placed: dict[str, Placement]  # device ID -> placement, for every device of `base`
+    placed: dict[str, ResourceShare]  # device ID -> placement, for every device of `base`
     warnings: tuple[str, ...]
 
 
@@ -52,7 +52,7 @@ def place(
     mixed replicas under MPS."""
     aliases = aliases or {}
     warnings: list[str] = []
-    placed = {d.id: Placement(name, 1) for name, devs in base.items() for d in devs}
+    placed = {d.id: ResourceShare(name, 1) for name, devs in base.items() for d in devs}
     owner: dict[str, ReplicaRule] = {}
     rules = [r for r in plan.rules if r.name in base]
     for rule in (r for r in rules if not isinstance(r.devices, int)):
@@ -74,7 +74,7 @@ def place(
             )
         owner.update((d.id, rule) for d in free[:count])
     for device_id, rule in owner.items():
-        placed[device_id] = Placement(rule.advertised_name, rule.replicas)
+        placed[device_id] = ResourceShare(rule.advertised_name, rule.replicas)
     _check_served_once(base, placed, owner)
     if plan.serving.uniform_replicas:
         _check_uniform(base, placed, owner)
@@ -122,7 +122,7 @@ def _key(ref: str, aliases: Mapping[str, str]) -> str:
 
 def _check_served_once(
     base: Mapping[str, Sequence[AdvertisedDevice]],
-    placed: Mapping[str, Placement],
+    placed: Mapping[str, ResourceShare],
     owner: Mapping[str, ReplicaRule],
 ) -> None:
     sources: dict[str, str] = {}
@@ -141,7 +141,7 @@ def _check_served_once(
 
 def _check_uniform(
     base: Mapping[str, Sequence[AdvertisedDevice]],
-    placed: Mapping[str, Placement],
+    placed: Mapping[str, ResourceShare],
     owner: Mapping[str, ReplicaRule],
 ) -> None:
     seen: dict[str, tuple[int, AdvertisedDevice]] = {}

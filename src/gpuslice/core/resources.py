@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuslice.core.devices import Gpu, HardwareSnapshot, MigDevice, replica_id
 from gpuslice.core.errors import HardwareError
-from gpuslice.core.placement import Placement, place
+from gpuslice.core.placement import ResourceShare, place
 from gpuslice.core.sharing import (
     GPU_RESOURCE,
     MIG_MIXED,
@@ -257,7 +257,7 @@ def _check_list_size(name: str, devices: list[AdvertisedDevice]) -> None:
 
 def serving(
     gpus: Iterable[Gpu], settings: ResourceSettings
-) -> dict[str, list[tuple[AdvertisedDevice, Placement]]]:
+) -> dict[str, list[tuple[AdvertisedDevice, ResourceShare]]]:
     """Per resource of the node's MIG strategy, each of its devices (index order) with
     the resource that serves it and how. Raises HardwareError as build_resources."""
     gpus = tuple(gpus)

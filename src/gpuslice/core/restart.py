@@ -77,7 +77,7 @@ class FailureRun:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RestartDecision:
     """What follows a failure: a restart after `retry_in_s`, or giving up (None)."""
 
     run: FailureRun
@@ -88,10 +88,10 @@ class Verdict:
         return self.retry_in_s is None
 
 
-def after_failure(run: FailureRun, now: float, budget: RestartBudget) -> Verdict:
+def after_failure(run: FailureRun, now: float, budget: RestartBudget) -> RestartDecision:
     """Count a failure at `now` into `run` and say what follows it."""
     within = run.last is not None and now - run.last <= budget.window_s
     counted = FailureRun(run.count + 1 if within else 1, now)
     if counted.count > budget.max_restarts:
-        return Verdict(counted, None)
-    return Verdict(counted, budget.backoff.delay(counted.count))
+        return RestartDecision(counted, None)
+    return RestartDecision(counted, budget.backoff.delay(counted.count))

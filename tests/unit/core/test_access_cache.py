@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.core.access_cache import Outcome, Verdict, VerdictCache
+from gpuslice.core.access_cache import AccessVerdict, Outcome, VerdictCache
 
-ALLOWED = Verdict(Outcome.ALLOWED)
-DENIED = Verdict(Outcome.FORBIDDEN, "no")
+ALLOWED = AccessVerdict(Outcome.ALLOWED)
+DENIED = AccessVerdict(Outcome.FORBIDDEN, "no")
 
 
 def test_a_verdict_lives_until_its_ttl() -> None:
@@ -32,7 +32,7 @@ def test_the_least_recently_used_goes_first() -> None:
 
 def test_an_unavailable_api_is_asked_again_next_time() -> None:
     cache = VerdictCache(2, ttl_s=10.0)
-    cache.put(b"a", Verdict(Outcome.UNAVAILABLE, "down"), 0.0)
+    cache.put(b"a", AccessVerdict(Outcome.UNAVAILABLE, "down"), 0.0)
     assert cache.get(b"a", 0.0) is None
 
 

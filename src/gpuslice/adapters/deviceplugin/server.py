@@ -26,7 +26,7 @@ from gpuslice.adapters.deviceplugin.api import pb_grpc
 from gpuslice.adapters.deviceplugin.hangup import wait_hung_up
 from gpuslice.adapters.deviceplugin.liveness import serves_device_plugin
 from gpuslice.adapters.deviceplugin.registration import register
-from gpuslice.adapters.deviceplugin.servicer import DevicePluginServicer
+from gpuslice.adapters.deviceplugin.servicer import HandlerServicer
 from gpuslice.adapters.fswatch import FileId, file_id
 from gpuslice.adapters.kubelet_socket import (
     MAX_REQUEST_BYTES,
@@ -70,7 +70,7 @@ class DevicePluginServer:
         self.socket_name = socket_name or default_socket_name(self.resource_name)
         self.socket_path = os.path.join(plugin_dir, self.socket_name)
         self._server: grpc.aio.Server | None = None
-        self._servicer: DevicePluginServicer | None = None
+        self._servicer: HandlerServicer | None = None
         self._bound: FileId | None = None  # the socket file we created
         self._bound_name = ""  # the private name it was bound under
         self._watch: asyncio.Task[None] | None = None
@@ -94,7 +94,7 @@ class DevicePluginServer:
                 "gpuslice leaves it alone and serves once it is gone"
             )
         self._dropped = asyncio.Event()
-        servicer = DevicePluginServicer(self.handler, self._metrics, self._dropped.set)
+        servicer = HandlerServicer(self.handler, self._metrics, self._dropped.set)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:

@@ -46,7 +46,7 @@ def _bounded(requests: Sequence[_R]) -> Sequence[_R]:
     return requests
 
 
-class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+class HandlerServicer(pb_grpc.DevicePluginServicer):
     """Translates protobuf to PluginHandler calls; the handler owns every decision.
 
     InvalidRequest becomes INVALID_ARGUMENT with its message; any other exception

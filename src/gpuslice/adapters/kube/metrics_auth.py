@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from gpuslice.core.access_cache import Outcome, Verdict, VerdictCache
+from gpuslice.core.access_cache import AccessVerdict, Outcome, VerdictCache
 from gpuslice.core.errors import BackendError
 
 if TYPE_CHECKING:
@@ -32,12 +32,12 @@ TTL_S = 60.0  # as long as a verdict (allowed, denied, unknown token) is reused
 MAX_ENTRIES = 1024
 MAX_IN_FLIGHT = 8
 TIMEOUT_S = 2.0  # both reviews of one token together
-NO_TOKEN = Verdict(Outcome.UNAUTHENTICATED, "no bearer token (Authorization: Bearer <token>)")
-BUSY = Verdict(Outcome.UNAVAILABLE, f"over {MAX_IN_FLIGHT} token reviews in flight; retry")
+NO_TOKEN = AccessVerdict(Outcome.UNAUTHENTICATED, "no bearer token (Authorization: Bearer <token>)")
+BUSY = AccessVerdict(Outcome.UNAVAILABLE, f"over {MAX_IN_FLIGHT} token reviews in flight; retry")
 
 
 class MetricsAuth:
-    """verdict(Authorization header) -> Verdict, over one API session."""
+    """verdict(Authorization header) -> AccessVerdict, over one API session."""
 
     def __init__(
         self,
@@ -54,11 +54,11 @@ class MetricsAuth:
         self._max_in_flight = max_in_flight
         self._timeout_s = timeout_s
         self._clock = clock
-        self._pending: dict[bytes, asyncio.Future[Verdict]] = {}
+        self._pending: dict[bytes, asyncio.Future[AccessVerdict]] = {}
         self._api_down = False
         self.reviews = 0  # token reviews sent
 
-    async def verdict(self, authorization: str | None) -> Verdict:
+    async def verdict(self, authorization: str | None) -> AccessVerdict:
         token = bearer_token(authorization)
         if token is None:
             return NO_TOKEN
@@ -75,19 +75,19 @@ class MetricsAuth:
             pending.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(pending)
 
-    def _finished(self, key: bytes, done: asyncio.Future[Verdict]) -> None:
+    def _finished(self, key: bytes, done: asyncio.Future[AccessVerdict]) -> None:
         self._pending.pop(key, None)
         if not done.cancelled() and done.exception() is None:
             self._cache.put(key, done.result(), self._clock())
 
-    async def _review(self, token: str) -> Verdict:
+    async def _review(self, token: str) -> AccessVerdict:
         self.reviews += 1
         try:
             async with asyncio.timeout(self._timeout_s):
                 who = await self._session.review_token(token, self._timeout_s)
                 if who is None:
                     self._api_up()
-                    return Verdict(Outcome.UNAUTHENTICATED, "the token authenticates no one")
+                    return AccessVerdict(Outcome.UNAUTHENTICATED, "the token authenticates no one")
                 allowed, _ = await self._session.review_access(who, PATH, VERB, self._timeout_s)
         except TimeoutError:
             return self._unavailable(f"no answer within {self._timeout_s:g} s")
@@ -95,14 +95,16 @@ class MetricsAuth:
             return self._unavailable(str(exc))
         self._api_up()
         if allowed:
-            return Verdict(Outcome.ALLOWED)
-        return Verdict(Outcome.FORBIDDEN, f'user "{who.user}" may not {VERB} {PATH}')
+            return AccessVerdict(Outcome.ALLOWED)
+        return AccessVerdict(Outcome.FORBIDDEN, f'user "{who.user}" may not {VERB} {PATH}')
 
-    def _unavailable(self, why: str) -> Verdict:
+    def _unavailable(self, why: str) -> AccessVerdict:
         if not self._api_down:
             self._api_down = True
             log.warning("metrics_auth_unavailable", error=why)
-        return Verdict(Outcome.UNAVAILABLE, "cannot check the token now: the Kubernetes API failed")
+        return AccessVerdict(
+            Outcome.UNAVAILABLE, "cannot check the token now: the Kubernetes API failed"
+        )
 
     def _api_up(self) -> None:
         if self._api_down:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 
 from gpuslice.core.response import ContainerAllocation
-from gpuslice.testing.kubelet.endpoint import PluginEndpoint
+from gpuslice.testing.kubelet.endpoint import DialledPlugin
 from gpuslice.testing.kubelet.records import AdmissionError, DeviceState
 
 
@@ -23,7 +23,7 @@ def pick(available: Sequence[str], preferred: Sequence[str], needed: int) -> tup
 
 
 async def allocate_container(
-    ep: PluginEndpoint | None,
+    ep: DialledPlugin | None,
     devices: Iterable[DeviceState],
     resource: str,
     count: int,

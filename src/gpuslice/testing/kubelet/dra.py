@@ -61,7 +61,7 @@ class DraPlugin:
 
 
 @dataclass(frozen=True)
-class PreparedDevice:
+class PreparedReply:
     request_names: tuple[str, ...]
     pool: str
     device: str
@@ -71,7 +71,7 @@ class PreparedDevice:
 
 @dataclass(frozen=True)
 class ClaimResult:
-    devices: tuple[PreparedDevice, ...] = ()
+    devices: tuple[PreparedReply, ...] = ()
     error: str = ""
 
 
@@ -205,7 +205,7 @@ class DraKubeletStandin:
                 raise StandinError(f"NodePrepareResources: no entry for claim {uid}")
             entry = resp.claims[uid]
             devices = tuple(
-                PreparedDevice(
+                PreparedReply(
                     tuple(d.request_names),
                     d.pool_name,
                     d.device_name,

@@ -18,10 +18,10 @@ from gpuslice.testing.kubelet.records import AdmissionError, DeviceState, Plugin
 
 _log = structlog.get_logger()
 _T = TypeVar("_T")
-Callback = Callable[["PluginEndpoint"], Awaitable[None]]
+Callback = Callable[["DialledPlugin"], Awaitable[None]]
 
 
-class PluginEndpoint:
+class DialledPlugin:
     """A dialled plugin socket with its latest ListAndWatch device list."""
 
     def __init__(

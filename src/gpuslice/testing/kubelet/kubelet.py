@@ -30,7 +30,7 @@ from gpuslice.adapters.kubelet._proto.podresources.v1 import api_pb2_grpc as pr_
 from gpuslice.core.response import ContainerAllocation
 from gpuslice.testing.kubelet import checkpoint
 from gpuslice.testing.kubelet.admission import allocate_container
-from gpuslice.testing.kubelet.endpoint import PluginEndpoint
+from gpuslice.testing.kubelet.endpoint import DialledPlugin
 from gpuslice.testing.kubelet.names import registration_problem
 from gpuslice.testing.kubelet.podresources import PodResourcesServicer
 from gpuslice.testing.kubelet.records import (
@@ -92,9 +92,9 @@ class KubeletStandin:
         # As the kubelet's two maps: the resource's current client (set when Register
         # comes in, removed when it is disconnected) and its endpoint (set once the
         # client answered its options; marked stopped when a client is disconnected).
-        self._clients: dict[str, PluginEndpoint] = {}
-        self._endpoints: dict[str, PluginEndpoint] = {}
-        self._dialled: list[PluginEndpoint] = []  # every connection, closed at stop()
+        self._clients: dict[str, DialledPlugin] = {}
+        self._endpoints: dict[str, DialledPlugin] = {}
+        self._dialled: list[DialledPlugin] = []  # every connection, closed at stop()
         self._devices: dict[str, dict[str, DeviceState]] = {}  # resource -> its devices
         self._dropped_at: dict[str, float] = {}  # resource -> when a disconnect zeroed it
         self._unserved: dict[str, float] = {}  # resource -> seconds at 0 after disconnects
@@ -188,9 +188,9 @@ class KubeletStandin:
         text, or None when accepted. With `register_after_connect` the client becomes
         current only once connected (an order some kubelet versions may have)."""
         problem = registration_problem(req.version, req.resource_name)
-        ep: PluginEndpoint | None = None
+        ep: DialledPlugin | None = None
         if problem is None:
-            ep = PluginEndpoint(
+            ep = DialledPlugin(
                 req.resource_name,
                 req.endpoint,
                 os.path.join(self.plugin_dir, req.endpoint),
@@ -235,7 +235,7 @@ class KubeletStandin:
         await self._notify()
         return problem
 
-    async def _replace(self, ep: PluginEndpoint) -> None:
+    async def _replace(self, ep: DialledPlugin) -> None:
         """Make `ep` the resource's endpoint, as the kubelet's PluginConnected does: an
         older client is neither told nor disconnected, and its stream, if still open,
         runs on (see _on_end). The resource's devices (and their health) stand until a
@@ -245,7 +245,7 @@ class KubeletStandin:
             self._state.resources.add(ep.resource)
             self._save()
 
-    async def _on_update(self, ep: PluginEndpoint) -> None:
+    async def _on_update(self, ep: DialledPlugin) -> None:
         """A list from any client of the resource, current or not, is the resource's."""
         self._devices[ep.resource] = dict(ep.devices)
         since = self._dropped_at.get(ep.resource)
@@ -267,7 +267,7 @@ class KubeletStandin:
         ongoing = 0.0 if since is None else time.monotonic() - since
         return self._unserved.get(resource, 0.0) + ongoing
 
-    async def _on_end(self, ep: PluginEndpoint) -> None:
+    async def _on_end(self, ep: DialledPlugin) -> None:
         """A plugin's ListAndWatch stream ended (the stand-in's own stop aside). As
         the kubelet's runClient does, this disconnects the resource's CURRENT client,
         whichever stream ended (none: nothing happens): it is deregistered, its
@@ -455,7 +455,7 @@ class KubeletStandin:
         """The raw DevicePlugin client of a registered resource, for wire-level calls."""
         return self._endpoint_for(resource).stub
 
-    def _endpoint_for(self, resource: str) -> PluginEndpoint:
+    def _endpoint_for(self, resource: str) -> DialledPlugin:
         ep = self._endpoints.get(resource)
         if ep is None:
             raise StandinError(f"no plugin registered for {resource}")
