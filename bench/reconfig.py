@@ -24,6 +24,7 @@ from gpuslice.config.settings import Settings
 from gpuslice.core.selection import DEFAULT_LABEL
 from gpuslice.testing.kubelet import KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring.host import host
 from gpuslice.wiring.node import build_node, node_config
 
 FIGURES = ("config_change_p99",)
@@ -65,7 +66,7 @@ async def bare_manager(
         applied()
 
     opts = options(plugin_dir, config_dir)
-    manager = node_config(opts, api)[0](apply)
+    manager = node_config(opts, host(opts), api)[0](apply)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

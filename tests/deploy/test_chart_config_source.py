@@ -21,6 +21,7 @@ from gpuslice.services.config_source import (
     DirectoryEntries,
 )
 from gpuslice.testing.nodeapi import MemoryNodeApi
+from gpuslice.wiring.host import host
 from gpuslice.wiring.node import config_entries, node_config
 
 NODE = "gpu-node-1"
@@ -165,7 +166,7 @@ async def test_the_running_agent_follows_a_helm_upgrade_of_config_default() -> N
     install(first)
     opts = agent_options(tuple(chart_tool().objects(first)))
     applied: asyncio.Queue[object] = asyncio.Queue()
-    manager = node_config(opts, api)[0](applied.put)
+    manager = node_config(opts, host(opts), api)[0](applied.put)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

@@ -214,13 +214,13 @@ class NodeLauncher:
         built_parts = built.parts
         sink = None
         if built_parts.labeller is not None:  # the same labeller, its output recorded
-            manager, first = node_config(opts, api)
-            labels = node_labels(opts, api, first)
+            manager, first = node_config(opts, chosen.host, api)
+            labels = node_labels(opts, chosen.host, api, first)
             assert labels is not None
             (inner,) = labels.sinks
             sink = RecordingSink(inner)
             labels = dataclasses.replace(labels, sinks=[sink])
-            labeller = node_labeller(built.devices, labels, built_parts.isolation)
+            labeller = node_labeller(built.devices, labels, built_parts.isolation, built_parts.mig)
             apply = serve_config(built.agent, labeller)
             built_parts = dataclasses.replace(
                 built_parts, labeller=labeller, manager=manager(apply)

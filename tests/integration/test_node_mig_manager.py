@@ -31,7 +31,6 @@ from gpuslice.testing.configmap import write_configmap_volume
 from gpuslice.testing.kubelet import AdmissionError, KubeletStandin
 from gpuslice.testing.nodeapi import MemoryNodeApi
 from gpuslice.wiring.agent import Parts
-from gpuslice.wiring.mig import mig_manager
 from gpuslice.wiring.node import build_node
 
 WITHIN_S = 30.0
@@ -389,4 +388,4 @@ def test_the_file_and_dra_dynamic_mig_together_are_refused_in_one_line(tmp_path:
         ConfigError, match=r"^--mig-parted-config .* --dra-dynamic-mig .*: choose one$"
     ):
         resolve_options({**flags, "dra": "true", "dra-dynamic-mig": "true"}, command="run")
-    assert mig_manager(resolve_options({**flags, "dra": "true"}, command="run"), MemoryNodeApi())
+    assert resolve_options({**flags, "dra": "true"}, command="run").device_plugin.mig_parted_config
