@@ -20,7 +20,6 @@ from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import HardwareError, HardwareSettingError
 from gpuslice.core.resources import Resource
 
-CONTAINER_ROOT = "/mps"  # upstream's container paths: /mps/<resource>/{pipe,log}
 CLAIMS = "dra-claims"  # the domain of the DRA claims' own daemons: <mpsRoot>/dra-claims/<uid>
 
 
