@@ -18,6 +18,7 @@ import pytest
 from agent_harness import remove_dir, short_dir
 from dra_harness import DRIVER, NODE, DraRig, dra_rig
 from mps_harness import daemon_pid, kill_daemons, query, runs
+from test_dra_checkpoint_rebuild import restart_with, torn
 from test_dra_dynamic_mig import HARDWARE, THREE_AT_4, instances
 
 from gpuslice.adapters.hosts.simulated import SIMULATED_MPS_CONTROL
@@ -172,6 +173,25 @@ async def test_a_restart_adopts_restarts_and_quits_claim_daemons(root: str, tmp_
         assert query(pipe(root, crashed[1]), "get_default_active_thread_percentage") == "60.0"
         assert await rig.kubelet.unprepare(DRIVER, [kept, crashed]) == {kept[1]: "", crashed[1]: ""}
         assert not runs(kept_pid)
+
+
+async def test_a_claim_rebuilt_from_the_api_server_gets_its_daemon_back(
+    root: str, tmp_path: Path
+) -> None:
+    async with dra_rig(root, tmp_path, hardware=HARDWARE) as rig:
+        devices = await rig.published(lambda d: any("-mig-" in n for n in d))
+        name = next(n for n in sorted(devices) if "-mig-" in n)
+        claim = rig.put_claim("mps", name, config=mps(defaultActiveThreadPercentage=35))
+        assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""
+        pid = daemon_pid(pipe(root, claim[1]))
+        assert pid is not None
+
+        await restart_with(rig, torn)  # a checkpoint that is not one: rebuilt from the API
+        recorded = rig.checkpoint()["claims"][claim[1]]["mpsDaemon"]
+        assert recorded["threadPercentage"] == 35
+        assert await serving(rig, pipe(root, claim[1])) == pid  # adopted, supervised again
+        assert await rig.kubelet.unprepare(DRIVER, [claim]) == {claim[1]: ""}
+        assert not runs(pid)  # quit by the unprepare
 
 
 async def test_a_daemon_that_exits_holds_its_mig_device_unhealthy_until_it_is_back(

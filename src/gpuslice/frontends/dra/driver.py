@@ -260,23 +260,32 @@ class DraDriver(ClaimState):
             control_devices=self._control,
         )
 
-    async def _rebuilt_text(self, planned: Planned) -> str:
+    async def _rebuilt(self, planned: Planned) -> tuple[PreparedClaim, str]:
         """A claim rebuilt from the API server: its spec names its MIG instances as they
-        are (a partition whose instance is gone is not rebuilt)."""
-        if not planned.partitions or self.mig is None:
-            return planned.text
-        by_name = {p.device.name: p for p in planned.partitions}
-        concrete = []
-        for device in planned.devices:
-            part = by_name.get(device.name)
-            try:
-                found = device if part is None else await self.mig.find(part)
-            except BackendError as exc:
-                raise ClaimError(f"claim {planned.claim.ref}: {exc}") from None
-            if found is None:
-                raise ClaimError(f"claim {planned.claim.ref}: no MIG instance at {device.name}")
-            concrete.append(found)
-        return self._spec_text(planned.claim.ref.uid, concrete, planned.sharing)
+        are (a partition whose instance is gone is not rebuilt), and its MPS daemon is
+        recorded as prepare would have (`_recovered` then adopts or starts it)."""
+        claim, text, concrete = planned.claim, planned.text, list(planned.devices)
+        if planned.partitions and self.mig is not None:
+            by_name = {p.device.name: p for p in planned.partitions}
+            concrete = []
+            for device in planned.devices:
+                part = by_name.get(device.name)
+                try:
+                    found = device if part is None else await self.mig.find(part)
+                except BackendError as exc:
+                    raise ClaimError(f"claim {claim.ref}: {exc}") from None
+                if found is None:
+                    raise ClaimError(f"claim {claim.ref}: no MIG instance at {device.name}")
+                concrete.append(found)
+            text = self._spec_text(claim.ref.uid, concrete, planned.sharing)
+        daemon = None
+        if self.mps is not None:
+            daemon = claim_daemon(claim.ref.uid, planned.sharing, concrete, self.mps.mps_root)
+        return replace(claim, completed=True, daemon=daemon), text
+
+    def _recovered(self) -> None:
+        if self.mps is not None:
+            self.mps.restore(self._daemons(self.mps.mps_root))
 
     async def _create_instances(self, planned: Planned) -> tuple[DraDevice, ...]:
         """The claim's MIG instances made at their placements: its devices as they are
