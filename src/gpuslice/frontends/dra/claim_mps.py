@@ -63,7 +63,8 @@ class ClaimDaemons:
         if why:
             with contextlib.suppress(BackendError):  # left to its supervisor: quit once idle
                 await self.stop(plan.root)
-            raise BackendError(f"its MPS control daemon did not start: {why}")
+            one_line = " ".join(why.split())  # the binary's output may have several
+            raise BackendError(f"its MPS control daemon did not start: {one_line}")
         log.info("dra_mps_daemon_serving", resource=plan.resource, gpus=",".join(plan.gpu_uuids),
                  thread_percentage=plan.thread_percentage,
                  pinned_mib=",".join(map(str, plan.pinned_mib)))  # fmt: skip

@@ -86,8 +86,9 @@ class ClaimState:
         its MIG instances as they are, with its MPS daemon). Raises ClaimError."""
         return replace(planned.claim, completed=True), planned.text
 
-    def _recovered(self) -> None:
-        """Told once claims were rebuilt from the API server (DraDriver: their daemons)."""
+    def _claims_known(self) -> None:
+        """Told once the prepared claims are known: the checkpoint settled, or claims
+        rebuilt from the API server (DraDriver: their MPS daemons)."""
 
     async def restore(self) -> None:
         """At start, before the sockets are ours: the claims prepared before, and their
@@ -133,6 +134,7 @@ class ClaimState:
             log.info("dra_claims_restored", claims=len(self.prepared))
         await self._sweep()
         self._tell_shares()
+        self._claims_known()
 
     async def _start_over(self, why: str) -> None:
         """A file that is not a checkpoint: set it aside, serve on from nothing, and
@@ -197,7 +199,7 @@ class ClaimState:
                   lost=",".join(lost) or "none")  # fmt: skip
         await self._api.node_event(self.node, REBUILT, recovery.message())
         self._tell_shares()
-        self._recovered()
+        self._claims_known()
 
     def _tell_shares(self) -> None:
         """The pods' memory limits of every prepared claim, to services.isolation."""

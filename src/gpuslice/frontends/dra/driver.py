@@ -196,8 +196,8 @@ class DraDriver(ClaimState):
             await self._apply_interval(planned.devices, planned.interval)
             if self.mps is not None:
                 daemon = claim_daemon(ref.uid, planned.sharing, devices, self.mps.mps_root)
-            if daemon is not None and self.mps is not None:
-                await self.mps.start(daemon)
+                if daemon is not None:
+                    await self.mps.start(daemon)
             await self._record(replace(claim, completed=True, daemon=daemon))
         except BackendError as exc:
             await self._roll_back(ref.uid, spec, claim.instances, daemon)
@@ -249,13 +249,15 @@ class DraDriver(ClaimState):
 
     def _spec_text(self, uid: str, devices: Sequence[DraDevice], sharing: ClaimSharing) -> str:
         settings = self._view.settings
-        own = sharing.own_daemon and self.mps is not None
+        mps_root = settings.allocate.mps_root
+        if sharing.own_daemon and self.mps is not None:
+            mps_root = self.mps.mps_root  # the claim's own daemon's
         return claim_spec(
             uid,
             devices,
             sharing,
             self.opts,
-            mps_root=self.mps.mps_root if own and self.mps else settings.allocate.mps_root,
+            mps_root=mps_root,
             dev_root=settings.allocate.dev_root,
             control_devices=self._control,
         )
@@ -263,7 +265,7 @@ class DraDriver(ClaimState):
     async def _rebuilt(self, planned: Planned) -> tuple[PreparedClaim, str]:
         """A claim rebuilt from the API server: its spec names its MIG instances as they
         are (a partition whose instance is gone is not rebuilt), and its MPS daemon is
-        recorded as prepare would have (`_recovered` then adopts or starts it)."""
+        recorded as prepare would have (`_claims_known` then adopts or starts it)."""
         claim, text, concrete = planned.claim, planned.text, list(planned.devices)
         if planned.partitions and self.mig is not None:
             by_name = {p.device.name: p for p in planned.partitions}
@@ -283,7 +285,9 @@ class DraDriver(ClaimState):
             daemon = claim_daemon(claim.ref.uid, planned.sharing, concrete, self.mps.mps_root)
         return replace(claim, completed=True, daemon=daemon), text
 
-    def _recovered(self) -> None:
+    def _claims_known(self) -> None:
+        """The completed claims' MPS daemons adopted or started again; every other claim
+        daemon quit once idle."""
         if self.mps is not None:
             self.mps.restore(self._daemons(self.mps.mps_root))
 
@@ -368,13 +372,9 @@ class DraDriver(ClaimState):
         return ""
 
     async def _sweep(self) -> None:
-        """The claims' and specs' sweep; the completed claims' MPS daemons adopted or
-        started again (every other claim daemon quit once idle); then
-        (--dra-dynamic-mig) every MIG instance on the partitioned GPUs that no completed
-        claim owns is destroyed."""
+        """The claims' and specs' sweep, then (--dra-dynamic-mig) every MIG instance on
+        the partitioned GPUs that no completed claim owns is destroyed."""
         await super()._sweep()
-        if self.mps is not None:
-            self.mps.restore(self._daemons(self.mps.mps_root))
         if self.mig is None:
             return
         keep = [k for c in self.prepared.values() if c.completed for k in c.instances]
