@@ -130,7 +130,7 @@ async def test_mps_on_a_mig_device_is_a_daemon_of_the_claims_own(
 ) -> None:
     """As `gpuslice run --dra --mps-root` wires it: no sharing.mps in the node's config."""
     flags = {"mps-root": str(mps_root)}
-    running, dra = await start(launcher, api, "a100-40gb-mig-mixed", flags=flags)
+    _, dra = await start(launcher, api, "a100-40gb-mig-mixed", flags=flags)
     try:
         await api.wait_for(lambda s: any("-mig-" in n for n in s.dra.node_devices(NODE)))
         mig = next(n for n in sorted(api.dra.node_devices(NODE)) if "-mig-" in n)
