@@ -144,6 +144,24 @@ async def test_a_partitions_daemon_is_quit_before_its_instance_is_destroyed(
         assert await instances(rig, 0) == ()
 
 
+async def test_a_failed_gpu_taints_a_partition_whose_claim_runs_mps(
+    root: str, tmp_path: Path
+) -> None:
+    opts = DraOptions(dynamic_mig=True, taint_unhealthy=True)
+    async with dra_rig(root, tmp_path, hardware=HARDWARE, opts=opts) as rig:
+        await rig.published(lambda d: THREE_AT_4 in d)
+        claim = rig.put_claim("three", THREE_AT_4, config=mps())
+        assert (await rig.kubelet.prepare(DRIVER, [claim]))[claim[1]].error == ""
+        await rig.health.mark(rig.gpu(0))
+        await rig.published(lambda d: "taints" in d.get(THREE_AT_4, {}))
+        health = await rig.kubelet.wait_health(
+            DRIVER, lambda h: h.get((NODE, THREE_AT_4), (0, ""))[0] == UNHEALTHY
+        )
+        assert "health" in health[(NODE, THREE_AT_4)][1]
+        assert await rig.kubelet.unprepare(DRIVER, [claim]) == {claim[1]: ""}  # still undone
+        assert await instances(rig, 0) == ()
+
+
 async def test_a_restart_adopts_restarts_and_quits_claim_daemons(root: str, tmp_path: Path) -> None:
     async with dra_rig(root, tmp_path, hardware=HARDWARE) as rig:
         devices = await rig.published(lambda d: any("-mig-" in n for n in d))
