@@ -3,8 +3,8 @@ daemon of its own (the simulated nvidia-cuda-mps-control, as real processes) bou
 MIG device's UUID with the claim's limits, its pipe directory in the claim's CDI spec, a
 client reaching it through the spec's mount; unprepare quits it before the instance is
 destroyed; a restarted front-end adopts or restarts the completed claims' daemons and quits
-the others; a bad mpsConfig starts nothing. Against the kubelet and API server stand-ins,
-on the simulated a100-40gb-mig-mixed node."""
+the others; a GPU's failure still taints its partitions; a bad mpsConfig starts nothing.
+Against the kubelet and API server stand-ins, on the simulated a100-40gb-mig-mixed node."""
 
 from __future__ import annotations
 
