@@ -1,6 +1,7 @@
 """DRA: NodePrepareResources latency against a no-op DRA server (whole GPUs, 1 and 8 per
 claim; a share of a replicated GPU under consumable capacity; a MIG device; a partition
-under --dra-dynamic-mig, its MIG instance created in the call), how long a
+under --dra-dynamic-mig, its MIG instance created in the call; such a partition with MPS,
+its own control daemon started in the call), how long a
 health change takes to reach the ResourceSlices in the API, and how long a deleted slice
 takes to be back (a starting kubelet deletes them all).
 
@@ -11,6 +12,8 @@ prepared before: the ResourceClaim is read over HTTP, checked, its CDI spec and 
 checkpoint written (fsync'ed), and it is unprepared again, untimed, before the next. The
 no-op server answers the same request message with a prebuilt response on an identical
 grpc.aio server; blocks alternate between the two. The kubelet gives a plugin 45 s.
+The MPS case runs the simulated nvidia-cuda-mps-control (a Python process per daemon and
+per command, where the real binary is C), so it takes MPS_CALLS calls a trial.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,17 +37,21 @@ from gpuslice.adapters.dra.checkpoint import ClaimCheckpointFile
 from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
 from gpuslice.adapters.dra.server import DraServer
 from gpuslice.adapters.fake import FakeBackend
+from gpuslice.adapters.hosts.simulated import SIMULATED_MPS_CONTROL
 from gpuslice.adapters.kube.dra_api import KubeDraApi
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2 as dra
 from gpuslice.adapters.kubelet._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from gpuslice.adapters.mps import ControlCommands, LocalLauncher
 from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
+from gpuslice.frontends.dra.claim_mps import HOLDER, ClaimDaemons
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.dynamic_mig import MigInstances
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
+from gpuslice.services.mps import DaemonSettings, MpsDaemons, MpsTools
 from gpuslice.services.node_devices import HEALTH, NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
@@ -61,6 +69,25 @@ CASES = {  # name: (hardware, devices per claim, what one claim is)
         1,
         "a new claim of one 1g partition, its instance created",
     ),
+    # and a MigDeviceConfig asking for MPS: the claim's control daemon started (simulated)
+    # and its limits set and read back; quit by the untimed unprepare
+    "dynamic_mig_mps": (
+        "a100-40gb-mig-single",
+        1,
+        "a new claim of one 1g partition with MPS, its instance and control daemon started",
+    ),
+}
+MPS_CALLS = 4  # per trial and side: each prepare starts a daemon and sends it 6 commands
+MPS_CONFIG = {
+    "source": "FromClaim",
+    "opaque": {
+        "driver": "gpu.nvidia.com",
+        "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+        },
+    },
 }
 FIGURES = (
     *(f"dra_prepare_{case}_p{q}" for case in CASES for q in (50, 99)),
@@ -115,8 +142,12 @@ async def dra_rig(
         specs = ClaimSpecDir(os.path.join(work, "cdi"))
         checkpoint = ClaimCheckpointFile(plugin_dir)
         mig = MigInstances(node.on_backend) if dynamic else None
+        binary = SIMULATED_MPS_CONTROL
+        tools = MpsTools(LocalLauncher(binary), ControlCommands(binary))
+        daemons = MpsDaemons(tools, DaemonSettings(claims=True, holder=HOLDER))
+        mps = ClaimDaemons(daemons, node.hold, os.path.join(work, "mps"))
         driver = DraDriver(node=NODE, opts=opts, view=node, api=kube, checkpoint=checkpoint,
-                           specs=specs, mig=mig)  # fmt: skip
+                           specs=specs, mig=mig, mps=mps)  # fmt: skip
         endpoint = DraServer(driver, registry_dir=os.path.join(work, "reg"), plugin_dir=plugin_dir)
         frontend = DraFrontEnd(node, driver, SlicePublisher(kube, node=NODE, opts=opts), endpoint)
         await frontend.start()
@@ -133,16 +164,22 @@ async def dra_rig(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await client.close()
+            await mps.close()
             await session.aclose()
+            for pid in _daemon_pids(os.path.join(work, "mps")):  # a bench leaves none behind
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 async def prepare_figures(plan: Plan, case: str) -> list[Figure]:
     hardware, size, what = CASES[case]
-    calls = max(plan.calls // 10, 10)
+    with_mps = case == "dynamic_mig_mps"
+    calls = MPS_CALLS if with_mps else max(plan.calls // 10, 10)
+    block = MPS_CALLS if with_mps else BLOCK
     ours: dict[int, list[float]] = {50: [], 99: []}
     base: dict[int, list[float]] = {50: [], 99: []}
     with scratch() as work:
-        dynamic = case == "dynamic_mig"
+        dynamic = case.startswith("dynamic_mig")
         async with dra_rig(work, hardware, shares=case == "shares", dynamic=dynamic) as (
             api, frontend, _, _,
         ):  # fmt: skip
@@ -163,10 +200,11 @@ async def prepare_figures(plan: Plan, case: str) -> list[Figure]:
             ):
                 agent, noop = dra_grpc.DRAPluginStub(chan), dra_grpc.DRAPluginStub(noop_chan)
                 counter = iter(range(10**9))
+                config = [MPS_CONFIG] if with_mps else []
 
                 async def one(stub: Any) -> float:
                     name = f"claim-{next(counter)}"
-                    claim = api.dra.put_claim("bench", name, results)
+                    claim = api.dra.put_claim("bench", name, results, config)
                     ref = dra.Claim(namespace="bench", uid=claim["metadata"]["uid"], name=name)
                     request = dra.NodePrepareResourcesRequest(claims=[ref])
                     t0 = now()
@@ -183,9 +221,9 @@ async def prepare_figures(plan: Plan, case: str) -> list[Figure]:
                 for trial in range(-1, plan.trials):  # trial -1: warm-up
                     mine: list[float] = []
                     theirs: list[float] = []
-                    for _ in range(0, calls, BLOCK):
-                        theirs += [await one(noop) for _ in range(BLOCK)]
-                        mine += [await one(agent) for _ in range(BLOCK)]
+                    for _ in range(0, calls, block):
+                        theirs += [await one(noop) for _ in range(block)]
+                        mine += [await one(agent) for _ in range(block)]
                     if trial >= 0:
                         for q in (50, 99):
                             ours[q].append(percentile(mine, q) * 1e3)
@@ -196,20 +234,34 @@ async def prepare_figures(plan: Plan, case: str) -> list[Figure]:
         "setup": f"{hardware}, {what} per call, unprepared untimed",
         "kubelet_timeout_ms": KUBELET_TIMEOUT_MS,
     }
+    # 1% of the kubelet's timeout, and within 10x the no-op server in the same run; with
+    # MPS (processes started in the call) 10% of the timeout, the ratio reported only
+    targets = (
+        (Target(KUBELET_TIMEOUT_MS / 10),)
+        if with_mps
+        else (Target(KUBELET_TIMEOUT_MS / 100), Target(10.0, "ratio"))
+    )
     return [
         Figure(
             f"dra_prepare_{case}_p{q}",
             f"NodePrepareResources p{q}, {what}",
             MS,
             ours[q],
-            # 1% of the kubelet's timeout, and within 10x the no-op server in the same run
-            (Target(KUBELET_TIMEOUT_MS / 100), Target(10.0, "ratio")),
+            targets,
             base[q],
             f"{NOOP}, p{q}",
             detail,
         )
         for q in (50, 99)
     ]
+
+
+def _daemon_pids(mps_root: str) -> list[int]:
+    pids = []
+    for pid_file in Path(mps_root).glob("*/*/pipe/nvidia-cuda-mps-control.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(pid_file.read_text()))
+    return pids
 
 
 async def publish_figure(plan: Plan) -> Figure:

@@ -44,6 +44,8 @@ FIGURES = {
     "dra_prepare_mig_p99",
     "dra_prepare_dynamic_mig_p50",
     "dra_prepare_dynamic_mig_p99",
+    "dra_prepare_dynamic_mig_mps_p50",
+    "dra_prepare_dynamic_mig_mps_p99",
     "dra_publish_after_health_p99",
     "dra_slice_repair_p99",
     "upgrade_gap",

@@ -26,18 +26,22 @@ from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
 from gpuslice.adapters.dra.server import DraServer
 from gpuslice.adapters.fake import FakeBackend
 from gpuslice.adapters.fake.time_slices import FakeTimeSlices
+from gpuslice.adapters.hosts.simulated import SIMULATED_MPS_CONTROL
 from gpuslice.adapters.kube.dra_api import KubeDraApi
+from gpuslice.adapters.mps import ControlCommands, LocalLauncher
 from gpuslice.config.options import resolve_options
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions
 from gpuslice.core.settings import Settings
+from gpuslice.frontends.dra.claim_mps import HOLDER, ClaimDaemons
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.dynamic_mig import MigInstances
 from gpuslice.frontends.dra.frontend import DraFrontEnd
 from gpuslice.frontends.dra.publisher import SlicePublisher
 from gpuslice.services.cdi import CdiSpecs
 from gpuslice.services.claim_shares import ClaimShares
+from gpuslice.services.mps import DaemonSettings, MpsDaemons, MpsTools
 from gpuslice.services.node_devices import HEALTH, NodeDevices
 from gpuslice.testing.apiserver import FakeApiServer, write_kubeconfig
 from gpuslice.testing.kubelet.dra import DraKubeletStandin
@@ -104,6 +108,10 @@ class DraRig:
     slicer: FakeTimeSlices = field(default_factory=FakeTimeSlices)  # the GPUs' time slice
     shares: ClaimShares | None = None  # the pods' memory limits, for an Isolation (start())
     specs: Callable[[str], ClaimSpecDir] = ClaimSpecDir  # the CDI spec directory's adapter
+    # the claims' own MPS daemons (in <root>/mps): the simulated control daemon, as real
+    # processes
+    mps: ClaimDaemons | None = None
+    mps_wait_s: float = WAIT_S
 
     @property
     def registry(self) -> str:
@@ -125,6 +133,12 @@ class DraRig:
         config = KubeConfig.from_file(write_kubeconfig(Path(self.root), self.api.url))
         self.client = AsyncClient(config=config, trust_env=False)
         api = KubeDraApi(self.client)
+        tools = MpsTools(
+            LocalLauncher(SIMULATED_MPS_CONTROL), ControlCommands(SIMULATED_MPS_CONTROL)
+        )
+        daemons = MpsDaemons(tools, DaemonSettings(claims=True, holder=HOLDER, poll_s=0.05))
+        hold, mps_root = self.health.devices.hold, os.path.join(self.root, "mps")
+        self.mps = ClaimDaemons(daemons, hold, mps_root, wait_s=self.mps_wait_s)
         driver = DraDriver(
             node=NODE,
             opts=self.opts,
@@ -135,6 +149,7 @@ class DraRig:
             time_slicer=self.slicer,
             shares=self.shares,
             mig=MigInstances(self.health.devices.on_backend) if self.opts.dynamic_mig else None,
+            mps=self.mps,
         )
         endpoint = DraServer(driver, registry_dir=self.registry, plugin_dir=self.plugin_dir)
         publisher = SlicePublisher(api, node=NODE, opts=self.opts)
@@ -152,6 +167,9 @@ class DraRig:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
+        if self.mps is not None:  # its daemons run on, as an agent's do
+            await self.mps.close()
+            self.mps = None
         if self.client is not None:
             await self.client.close()
             self.client = None

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from agent_harness import GPU, AgentLauncher, RunningAgent
-from mps_harness import daemon_pid, mps_config, pipe_dir
+from mps_harness import daemon_pid, mps_config, pipe_dir, query, runs
 
 from gpuslice.config.options import NO_API_FOR_DRA
 from gpuslice.core.errors import ConfigError
@@ -121,6 +121,33 @@ async def test_an_mps_claim_uses_the_nodes_own_control_daemon(
         mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
         assert mounts["/mps/nvidia.com/gpu/pipe"] == str(pipe_dir(mps_root))
         assert await dra.unprepare(DRIVER, [a, b]) == {a[1]: "", b[1]: ""}
+    finally:
+        await dra.close()
+
+
+async def test_mps_on_a_mig_device_is_a_daemon_of_the_claims_own(
+    kubelet: KubeletStandin, launcher: AgentLauncher, api: FakeApiServer, mps_root: Path
+) -> None:
+    """As `gpuslice run --dra --mps-root` wires it: no sharing.mps in the node's config."""
+    flags = {"mps-root": str(mps_root)}
+    _, dra = await start(launcher, api, "a100-40gb-mig-mixed", flags=flags)
+    try:
+        await api.wait_for(lambda s: any("-mig-" in n for n in s.dra.node_devices(NODE)))
+        mig = next(n for n in sorted(api.dra.node_devices(NODE)) if "-mig-" in n)
+        params = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}},
+        }
+        config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}]
+        a = claim(api, "a", mig, config=config)
+        assert (await dra.prepare(DRIVER, [a]))[a[1]].error == ""
+        own = mps_root / "dra-claims" / a[1] / "pipe"
+        pid = daemon_pid(own)
+        assert pid is not None
+        assert query(own, "get_default_active_thread_percentage") == "20.0"
+        assert await dra.unprepare(DRIVER, [a]) == {a[1]: ""}
+        assert not runs(pid)
     finally:
         await dra.close()
 

@@ -5,7 +5,9 @@ commands that set them), and the refusals. As upstream: a client's pinned device
 memory is the GPU's memory divided by its replicas (or a size the user gives), its
 active thread percentage 100 / replicas, and a GPU takes at most 48 clients (16 below
 compute capability 7.5). MPS on MIG-enabled GPUs and without mpsRoot are refused by
-the strategy (core.strategies.mps) where the resources and the config are built.
+the strategy (core.strategies.mps) where the resources and the config are built. A DRA
+claim asking for MPS on MIG devices gets a daemon of its own, `<mpsRoot>/dra-claims/<uid>`,
+which the node's daemons leave alone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import HardwareError, HardwareSettingError
 from gpuslice.core.resources import Resource
 
-CONTAINER_ROOT = "/mps"  # upstream's container paths: /mps/<resource>/{pipe,log}
+CLAIMS = "dra-claims"  # the domain of the DRA claims' own daemons: <mpsRoot>/dra-claims/<uid>
+
+
+def claim_resource(claim_uid: str) -> str:
+    """The name of a claim's own daemon, as a resource's: its directory under mpsRoot."""
+    return f"{CLAIMS}/{claim_uid}"
+
+
+def of_claim(root: str, mps_root: str) -> bool:
+    """Whether the daemon directory `root` under `mps_root` is a DRA claim's own."""
+    return posixpath.relpath(root, mps_root).split("/")[0] == CLAIMS
 
 
 def max_clients(compute_capability: tuple[int, int]) -> int:

@@ -21,6 +21,10 @@ resource's daemon is not RUNNING its plan, every GPU of the resource is held Unh
 (by "mps"): the replicas are withheld, and a wait for clients shows in `waiting`
 (readiness) and in one Event per wait. Stopping the agent stops the supervisors only:
 every daemon runs on, and the next agent adopts it.
+
+The DRA claims' own daemons (MPS on MIG devices, frontends.dra.claim_mps) are another
+MpsDaemons, `claims=True`: each owns only its side of the MPS root (core.mps.of_claim), and
+holds its devices by a name of its own.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps
+from gpuslice.core.mps import DaemonPlan, RunningDaemon, keeps, of_claim
 from gpuslice.core.ports import MpsCommands, MpsError, MpsHostAbsent, MpsLauncher
 from gpuslice.core.restart import FailureRun, RestartBudget
 from gpuslice.services.supervision import Start, State, Supervisor, TimerDue, Timing
@@ -159,6 +163,7 @@ class _Supervisor(Supervisor):
 
     def __init__(self, daemon: _Daemon, owner: MpsDaemons) -> None:
         self.waiting: str | None = None  # why it waits (clients, or mps-control), while it does
+        self.error = ""  # why it failed last
         self._notified = False  # the Event of this wait for clients was recorded
         self._owner = owner
         super().__init__(
@@ -224,6 +229,7 @@ class _Supervisor(Supervisor):
         super()._set(state)
 
     def _failed(self, reason: str, failures: int, retry_in_s: float | None) -> None:
+        self.error = reason
         if retry_in_s is None:
             log.error("mps_daemon_gave_up", resource=self.name, failures=failures,
                       budget=self._budget.describe(), error=reason)  # fmt: skip
@@ -249,6 +255,8 @@ class DaemonSettings:
     roots: tuple[str, ...] = ()
     budget: RestartBudget | None = None  # None: upstream's
     poll_s: float = POLL_S
+    claims: bool = False  # the DRA claims' own daemons, not the resources'
+    holder: str = "mps"  # who holds the GPUs of a daemon that does not serve its plan
 
 
 REAL_TIME = Timing(time.monotonic, asyncio.sleep)
@@ -268,6 +276,7 @@ class MpsDaemons:
         self.poll_s = options.poll_s
         self.clock, self.sleep = timing.clock, timing.sleep
         self.notify = tools.notify
+        self.claims, self.holder = options.claims, options.holder
         self.daemons: dict[str, _Supervisor] = {}
         self._roots = {r for r in options.roots if r}
         self._scanned: set[str] = set()
@@ -332,7 +341,7 @@ class MpsDaemons:
             for u in s.target.want.gpu_uuids
         )
         if self._hold is not None:
-            self._hold(down, by="mps")
+            self._hold(down, by=self.holder)
 
     def notify_later(self, message: str) -> None:
         if self.notify is not None:
@@ -360,7 +369,7 @@ class MpsDaemons:
             self._scanned.discard(mps_root)
             return
         for daemon in found:
-            if daemon.root not in self.daemons:
+            if daemon.root not in self.daemons and of_claim(daemon.root, mps_root) == self.claims:
                 resource = posixpath.relpath(daemon.root, mps_root)
                 log.info("mps_daemon_unwanted", resource=resource, pid=daemon.pid)
                 self._want(self._supervisor(daemon.root, resource), None)

@@ -151,6 +151,7 @@ def dra_front_end(
     from gpuslice.adapters.dra.claim_specs import ClaimSpecDir
     from gpuslice.adapters.dra.server import DraServer
     from gpuslice.adapters.kube.dra_api import KubeDraApi
+    from gpuslice.frontends.dra.claim_mps import HOLDER, ClaimDaemons
     from gpuslice.frontends.dra.driver import DraDriver
     from gpuslice.frontends.dra.dynamic_mig import MigInstances
     from gpuslice.frontends.dra.frontend import DraFrontEnd
@@ -158,6 +159,12 @@ def dra_front_end(
 
     api = KubeDraApi(kubeconfig=opts.api.kubeconfig or None)
     plugin_dir = os.path.join(opts.dra.plugins_dir, dra.driver)
+    mps = ClaimDaemons(mps_daemons(opts, machine, holder=HOLDER), devices.hold, opts.mps.root)
+
+    async def stop() -> None:
+        await mps.close()  # the claims' daemons run on for the next agent
+        await api.aclose()
+
     driver = DraDriver(
         node=opts.api.node_name,
         opts=dra,
@@ -169,6 +176,7 @@ def dra_front_end(
         shares=shares,
         time_slicer=machine.time_slicer(),
         mig=MigInstances(devices.on_backend) if dra.dynamic_mig else None,
+        mps=mps,
     )
     return DraFrontEnd(
         devices,
@@ -177,20 +185,28 @@ def dra_front_end(
         DraServer(driver, registry_dir=opts.dra.registry_dir, plugin_dir=plugin_dir),
         device_plugin=opts.dra.device_plugin_resources,
         find_toolkit=partial(find_toolkit_devices, toolkit_dirs(opts)),
-        on_stop=api.aclose,
+        on_stop=stop,
     )
 
 
-def mps_daemons(opts: RunOptions, machine: Host, notify: Notify | None = None) -> MpsDaemons:
-    """MPS control daemons (started only for MPS resources): from `gpuslice mps-control`
-    when --mps-control-socket names it, else from the agent itself."""
+def mps_daemons(
+    opts: RunOptions, machine: Host, notify: Notify | None = None, *, holder: str = ""
+) -> MpsDaemons:
+    """MPS control daemons (started only for MPS resources, or with `holder`, for DRA
+    claims): from `gpuslice mps-control` when --mps-control-socket names it, else from the
+    agent itself."""
     from gpuslice.adapters.mps import ControlCommands, LocalLauncher, RemoteLauncher
 
     binary, socket = machine.mps_binary(), opts.mps.control_socket
     launcher = RemoteLauncher(socket) if socket else LocalLauncher(binary)
     return MpsDaemons(
         MpsTools(launcher, ControlCommands(binary), notify),
-        DaemonSettings(pinned_limit_mib=opts.mps.pinned_memory_limit_mib, roots=(opts.mps.root,)),
+        DaemonSettings(
+            pinned_limit_mib=opts.mps.pinned_memory_limit_mib,
+            roots=(opts.mps.root,),
+            claims=bool(holder),
+            holder=holder or "mps",
+        ),
     )
 
 

@@ -17,6 +17,7 @@ from gpuslice.core.dra.claims import (
     PreparedDevice,
     allocated_here,
     check_devices,
+    claim_daemon,
     parse_claim,
     prepared_devices,
     sharing_for,
@@ -220,6 +221,65 @@ def test_a_gpu_config_on_a_mig_device_is_refused() -> None:
     devs = check_devices(claim, found, pool="node-a", unhealthy=(), prepared={})
     with pytest.raises(ClaimError, match=r"GpuConfig does not apply to mig device .*; use Mig"):
         sharing_for(claim, devs, mps_root="")
+
+
+def mig_config(**mps: Any) -> dict[str, Any]:
+    sharing = {"strategy": "MPS", "mpsConfig": mps}
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+            "sharing": sharing}  # fmt: skip
+
+
+def test_mps_on_a_mig_device_is_the_claims_own_daemon_bound_to_it() -> None:
+    found = node_devices(mig=MIG_MIXED)
+    name = next(n for n in found if "-mig-" in n)
+    claim = parse_claim(
+        claim_obj(
+            name,
+            config=[
+                opaque(
+                    mig_config(
+                        defaultActiveThreadPercentage=30, defaultPinnedDeviceMemoryLimit="1Gi"
+                    )
+                )
+            ],
+        ),
+        REF,
+        DRIVER,
+    )
+    devs = check_devices(claim, found, pool="node-a", unhealthy=(), prepared={})
+    sharing = sharing_for(claim, devs, mps_root="", claims_root="/run/mps")
+    assert sharing.mps_resource == "dra-claims/uid-1"
+    plan = claim_daemon(REF.uid, sharing, devs, "/run/mps")
+    assert plan is not None
+    assert (plan.root, plan.gpu_uuids) == ("/run/mps/dra-claims/uid-1", (found[name].uuid,))
+    assert (plan.pinned_mib, plan.thread_percentage) == ((1024,), 30)
+    spec = json.loads(claim_spec(REF.uid, devs, sharing, OPTS, mps_root="/run/mps"))
+    assert "CUDA_MPS_PIPE_DIRECTORY=/mps/dra-claims/uid-1/pipe" in spec["containerEdits"]["env"]
+    unlimited = parse_claim(claim_obj(name, config=[opaque(mig_config())]), REF, DRIVER)
+    plan = claim_daemon(REF.uid, sharing_for(unlimited, devs, mps_root="", claims_root="/r"),
+                        devs, "/r")  # fmt: skip
+    assert plan is not None
+    memory = quantity_mib(found[name].capacity["memory"], "memory")
+    assert (plan.pinned_mib, plan.thread_percentage) == ((memory,), 100)
+
+
+@pytest.mark.parametrize(
+    ("limit", "root", "why"),
+    [
+        ("64Gi", "/run/mps", "with a pinned memory limit of 65536 MiB, but .* has \\d+ MiB"),
+        (None, "", "asks for MPS, but this node has no MPS root"),
+    ],
+)
+def test_mps_on_a_mig_device_that_cannot_be_served_is_refused(
+    limit: str | None, root: str, why: str
+) -> None:
+    found = node_devices(mig=MIG_MIXED)
+    name = next(n for n in found if "-mig-" in n)
+    mps = {} if limit is None else {"defaultPinnedDeviceMemoryLimit": limit}
+    claim = parse_claim(claim_obj(name, config=[opaque(mig_config(**mps))]), REF, DRIVER)
+    devs = check_devices(claim, found, pool="node-a", unhealthy=(), prepared={})
+    with pytest.raises(ClaimError, match=why):
+        sharing_for(claim, devs, mps_root="", claims_root=root)
 
 
 def test_prepared_devices_carry_the_claim_spec_id_and_the_toolkits_own() -> None:

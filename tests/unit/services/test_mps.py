@@ -257,3 +257,29 @@ async def test_a_daemon_that_never_starts_stays_held_once_the_budget_is_spent() 
     daemons.apply([DaemonPlan(PLAN.resource, ROOT, PLAN.gpu_uuids, (1, 1), 50)], node.hold)
     await until(daemons, lambda: state(daemons) == "running")
     await daemons.close()
+
+
+async def test_the_nodes_daemons_and_the_dra_claims_own_leave_each_other_alone() -> None:
+    host = Host()
+    claim = DaemonPlan("dra-claims/uid-1", "/mps/dra-claims/uid-1", ("MIG-a",), (100,), 50)
+    for plan in (PLAN, claim):
+        await host.start(plan)
+    node = Node(host)
+    resources = node.daemons()
+    resources.apply([], node.hold, "/mps")
+    await until(resources, lambda: state(resources) == "stopped")
+    assert list(host.running) == [claim.root]  # the resource's daemon quit, the claim's kept
+
+    await host.start(PLAN)
+    held: list[tuple[frozenset[str], str]] = []
+    claims = MpsDaemons(
+        MpsTools(Launcher(host), Commands(host)),
+        DaemonSettings(claims=True, holder="mps-claims"),
+        Timing(lambda: node.now, node.sleep),
+    )
+    claims.apply([], lambda devices, *, by: held.append((devices, by)), "/mps")
+    await until(claims, lambda: claims.status() == {claim.resource: "stopped"})
+    assert list(host.running) == [ROOT]
+    assert held[-1] == (frozenset(), "mps-claims")
+    await resources.close()
+    await claims.close()

@@ -46,6 +46,7 @@ from gpuslice.adapters.outside_files import (
 from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PreparedDevice
 from gpuslice.core.errors import BackendError, BadCheckpoint
 from gpuslice.core.isolation import Limit
+from gpuslice.core.mps import DaemonPlan
 
 VERSION = 1
 MAX_BYTES = 4 * 1024 * 1024
@@ -77,6 +78,14 @@ class _Instance(msgspec.Struct, rename="camel"):
     placement_start: int
 
 
+class _Daemon(msgspec.Struct, rename="camel"):
+    resource: str
+    root: str
+    gpus: list[str]
+    pinned_mib: list[int]
+    thread_percentage: int
+
+
 class _Claim(msgspec.Struct, rename="camel"):
     namespace: str
     name: str
@@ -86,6 +95,7 @@ class _Claim(msgspec.Struct, rename="camel"):
     pods: list[str] = msgspec.field(default_factory=list)  # reservedFor's, when prepared
     limits: dict[str, _Limit] = msgspec.field(default_factory=dict)  # GPU UUID -> limit
     mig_instances: list[_Instance] = msgspec.field(default_factory=list)  # --dra-dynamic-mig
+    mps_daemon: _Daemon | None = None  # MPS on MIG devices: the claim's own daemon
 
 
 class _Head(msgspec.Struct):
@@ -206,8 +216,11 @@ def _encode(claim: PreparedClaim) -> _Claim:
     state = COMPLETED if claim.completed else STARTED
     limits = {gpu: _Limit(lim.hard, lim.soft) for gpu, lim in claim.limits}
     instances = [_Instance(*i) for i in claim.instances]
+    d = claim.daemon
+    daemon = None if d is None else _Daemon(d.resource, d.root, list(d.gpu_uuids),
+                                            list(d.pinned_mib), d.thread_percentage)  # fmt: skip
     return _Claim(claim.ref.namespace, claim.ref.name, devices, claim.spec, state,
-                  list(claim.pods), limits, instances)  # fmt: skip
+                  list(claim.pods), limits, instances, daemon)  # fmt: skip
 
 
 def _decode(uid: str, claim: _Claim) -> PreparedClaim:
@@ -220,6 +233,10 @@ def _decode(uid: str, claim: _Claim) -> PreparedClaim:
     ref = ClaimRef(claim.namespace, uid, claim.name)
     limits = tuple((gpu, Limit(lim.hard, lim.soft)) for gpu, lim in sorted(claim.limits.items()))
     instances = tuple((i.parent_uuid, i.profile, i.placement_start) for i in claim.mig_instances)
-    return PreparedClaim(
-        ref, devices, claim.spec, claim.state != STARTED, tuple(claim.pods), limits, instances
-    )
+    d = claim.mps_daemon
+    daemon = None
+    if d is not None:
+        daemon = DaemonPlan(d.resource, d.root, tuple(d.gpus), tuple(d.pinned_mib),
+                            d.thread_percentage)  # fmt: skip
+    return PreparedClaim(ref, devices, claim.spec, claim.state != STARTED, tuple(claim.pods),
+                         limits, instances, daemon)  # fmt: skip

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from gpuslice.core.cdi import CONTROL_NODE, VOID, render
 from gpuslice.core.dra.claims import ClaimSharing, cdi_device_name
 from gpuslice.core.dra.devices import DraDevice, DraOptions, Json
-from gpuslice.core.mps import CONTAINER_ROOT
+from gpuslice.core.response import Mount
+from gpuslice.core.strategies import MPS
 
 CDI_VERSION = "0.5.0"  # device names may start with a digit (a UID)
 BIND = ["rw", "nosuid", "nodev", "bind"]
@@ -66,17 +67,11 @@ def claim_spec(
     env = list(VOID)
     common: Json = {}
     if sharing.mps_resource and mps_root:
-        host = posixpath.join(mps_root, sharing.mps_resource)
-        inside = posixpath.join(CONTAINER_ROOT, sharing.mps_resource)
-        env += [
-            f"CUDA_MPS_PIPE_DIRECTORY={inside}/pipe",
-            f"CUDA_MPS_LOG_DIRECTORY={inside}/log",
-        ]
-        common["mounts"] = [
-            _mount(posixpath.join(host, "pipe"), f"{inside}/pipe"),
-            _mount(posixpath.join(host, "log"), f"{inside}/log"),
-            _mount(posixpath.join(host, "shm"), "/dev/shm"),
-        ]
+        envs: dict[str, str] = {}
+        mounts: list[Mount] = []  # the MPS strategy's, as a device plugin's Allocate gives
+        MPS.add_container_edits(sharing.mps_resource, mps_root, envs, mounts)
+        env += [f"{k}={v}" for k, v in envs.items()]
+        common["mounts"] = [_mount(m.host_path, m.container_path) for m in mounts]
         if sharing.thread_percentage is not None:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={sharing.thread_percentage}")
         if sharing.pinned_mib:

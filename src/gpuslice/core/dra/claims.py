@@ -12,16 +12,19 @@ both allocations carry a share ID (consumable capacity), or either has admin acc
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuslice.core.cdi_toolkit import ToolkitDevices
 from gpuslice.core.dra.capacity import charged_memory_mib
 from gpuslice.core.dra.devices import DraDevice, DraOptions
+from gpuslice.core.dra.fields import quantity_mib
 from gpuslice.core.dra.opaque import SharingConfig, parse_config
 from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import ConfigError, GpusliceError
 from gpuslice.core.isolation import Limit
+from gpuslice.core.mps import DaemonPlan, claim_resource
 from gpuslice.core.strategies import by_dra_name
 
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
@@ -87,6 +90,8 @@ class PreparedClaim:
     # MIG instances created for it (--dra-dynamic-mig): (GPU UUID, profile, placement
     # start), recorded PrepareStarted before they are created
     instances: tuple[tuple[str, str, int], ...] = ()
+    # Its own MPS control daemon (MPS on MIG devices), recorded PrepareCompleted
+    daemon: DaemonPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,9 @@ class ClaimSharing:
     thread_percentage: int | None = None
     pinned_mib: tuple[tuple[int, int], ...] = ()  # (CUDA ordinal in the claim, MiB)
     interval: str | None = None  # time-slicing interval asked for
+    # MPS on MIG devices: the claim's own daemon's devices, (name, memory MiB, pinned MiB
+    # or None) in ordinal order; mps_resource is then the daemon's (core.mps.claim_resource)
+    own_daemon: tuple[tuple[str, int, int | None], ...] = ()
 
 
 def parse_claim(obj: Mapping[str, object], ref: ClaimRef, driver: str) -> ClaimAllocation:
@@ -191,12 +199,16 @@ def check_devices(
 
 
 def sharing_for(
-    claim: ClaimAllocation, devices: Sequence[DraDevice], *, mps_root: str
+    claim: ClaimAllocation, devices: Sequence[DraDevice], *, mps_root: str, claims_root: str = ""
 ) -> ClaimSharing:
-    """What the claim's config asks of its devices, checked against the node's sharing.
+    """What the claim's config asks of its devices, checked against the node's sharing
+    (`mps_root`: its MPS resources' root, "" when it shares nothing with MPS;
+    `claims_root`: where claims' own daemons go, "" when none can run).
     Raises ClaimError: a config of the wrong kind, MPS on a device the node does not
-    share with MPS, MPS devices under two control daemons."""
+    share with MPS, MPS devices under two control daemons, a pinned limit above a MIG
+    device's memory."""
     mps: set[str] = set()
+    daemon: dict[int, tuple[str, int, int | None]] = {}
     threads: int | None = None
     pinned: dict[int, int] = {}
     interval: str | None = None
@@ -214,14 +226,14 @@ def sharing_for(
         strategy = by_dra_name(config.strategy)
         if strategy is None:
             continue
-        problem = strategy.claim_problem(device.serving, device.name, mps_root)
+        where = f"claim {claim.ref}: request {alloc.request} asks for {strategy.dra_name}"
+        own = strategy.daemon and device.served_as.claim_daemon
+        problem = "" if own else strategy.claim_problem(device.serving, device.name, mps_root)
+        if own and not claims_root:
+            problem = "this node has no MPS root (--mps-root) for its control daemon"
         if problem:
-            raise ClaimError(
-                f"claim {claim.ref}: request {alloc.request} asks for {strategy.dra_name}, "
-                f"but {problem}"
-            )
+            raise ClaimError(f"{where}, but {problem}")
         if strategy.daemon:
-            mps.add(device.resource)
             threads = config.thread_percentage
             ordinal = order.index(devices.index(device))
             limit = config.pinned_per_device_mib.get(
@@ -229,6 +241,15 @@ def sharing_for(
             )
             if limit is not None:
                 pinned[ordinal] = limit
+            if own:
+                mps.add(claim_resource(claim.ref.uid))
+                memory = _memory_mib(device)
+                if limit is not None and limit > memory:
+                    raise ClaimError(f"{where} with a pinned memory limit of {limit} MiB, but "
+                                     f"{device.name} has {memory} MiB")  # fmt: skip
+                daemon[ordinal] = (device.name, memory, limit)
+            else:
+                mps.add(device.resource)
         else:
             interval = config.interval
     if len(mps) > 1:
@@ -241,6 +262,25 @@ def sharing_for(
         thread_percentage=threads,
         pinned_mib=tuple(sorted(pinned.items())),
         interval=interval,
+        own_daemon=tuple(daemon[i] for i in sorted(daemon)),
+    )
+
+
+def claim_daemon(
+    uid: str, sharing: ClaimSharing, devices: Sequence[DraDevice], mps_root: str
+) -> DaemonPlan | None:
+    """The claim's own MPS daemon: its MIG devices as they are now (`devices`, a created
+    partition's instance included), their pinned limits (the device's memory where the
+    config sets none) and its thread percentage (100 where none)."""
+    if not sharing.own_daemon or sharing.mps_resource is None:
+        return None
+    by_name = {d.name: d.uuid for d in devices}
+    return DaemonPlan(
+        resource=sharing.mps_resource,
+        root=posixpath.join(mps_root, sharing.mps_resource),
+        gpu_uuids=tuple(by_name[name] for name, _, _ in sharing.own_daemon),
+        pinned_mib=tuple(mib if pin is None else pin for _, mib, pin in sharing.own_daemon),
+        thread_percentage=100 if sharing.thread_percentage is None else sharing.thread_percentage,
     )
 
 
@@ -296,6 +336,13 @@ def _named(name: str | None) -> tuple[str, ...]:
 def _may_share(device: DraDevice, mine: AllocatedDevice, held: PreparedDevice) -> bool:
     both_shares = mine.share_id is not None and held.share_id is not None
     return device.shared or both_shares or mine.admin or held.admin
+
+
+def _memory_mib(device: DraDevice) -> int:
+    try:
+        return quantity_mib(device.capacity.get("memory"), f"device {device.name}: memory")
+    except ConfigError as exc:
+        raise ClaimError(str(exc)) from None
 
 
 def _index_key(index: str) -> tuple[int, ...]:

@@ -25,6 +25,8 @@ class Strategy:
     uniform_replicas = False  # every device of one resource has the same replicas
     product_suffix = ""  # the gpu.product suffix of a replicated, not renamed, resource
     daemon = False  # a control daemon per resource, under mpsRoot (its pipes, logs, shm)
+    # a DRA claim asking for a daemon's sharing on such a device gets a daemon of its own
+    claim_daemon = False
     pinned_memory = False  # its clients' pinned limits isolate memory where nothing else does
     memory_limits = True  # the driver can limit its devices' memory
     capable_label = ""  # a "<feature>.capable" label every node carries ("": none)

@@ -1,5 +1,6 @@
 """A MIG device: a slice of a GPU whose memory the hardware isolates, so the driver
-limits none, and whose DRA config is a MigDeviceConfig."""
+limits none, and whose DRA config is a MigDeviceConfig. A claim asking for MPS on one
+gets a control daemon of its own (the node's daemons serve whole GPUs only)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ class Mig(Strategy):
     name = "mig"
     dra_config_kind = "MigDeviceConfig"
     memory_limits = False
+    claim_daemon = True
 
 
 MIG = Mig()

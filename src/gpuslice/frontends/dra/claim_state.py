@@ -81,10 +81,14 @@ class ClaimState:
                     ) -> Planned:  # fmt: skip
         raise NotImplementedError  # DraDriver's
 
-    async def _rebuilt_text(self, planned: Planned) -> str:
-        """The spec of a claim rebuilt from the API server (DraDriver: naming its MIG
-        instances as they are). Raises ClaimError."""
-        return planned.text
+    async def _rebuilt(self, planned: Planned) -> tuple[PreparedClaim, str]:
+        """A claim rebuilt from the API server, completed, and its spec (DraDriver: naming
+        its MIG instances as they are, with its MPS daemon). Raises ClaimError."""
+        return replace(planned.claim, completed=True), planned.text
+
+    def _claims_known(self) -> None:
+        """Told once the prepared claims are known: the checkpoint settled, or claims
+        rebuilt from the API server (DraDriver: their MPS daemons)."""
 
     async def restore(self) -> None:
         """At start, before the sockets are ours: the claims prepared before, and their
@@ -130,6 +134,7 @@ class ClaimState:
             log.info("dra_claims_restored", claims=len(self.prepared))
         await self._sweep()
         self._tell_shares()
+        self._claims_known()
 
     async def _start_over(self, why: str) -> None:
         """A file that is not a checkpoint: set it aside, serve on from nothing, and
@@ -170,11 +175,9 @@ class ClaimState:
                 continue
             try:
                 planned = await self._plan(ref, obj, recovering=True)
-                text = await self._rebuilt_text(planned)
+                rebuilt[ref.uid] = await self._rebuilt(planned)
             except ClaimError as exc:
                 log.warning("dra_claim_not_rebuilt", claim=str(ref), uid=ref.uid, error=str(exc))
-                continue
-            rebuilt[ref.uid] = (replace(planned.claim, completed=True), text)
         try:
             for claim, text in rebuilt.values():
                 await self._specs.write(claim.spec, text)
@@ -196,6 +199,7 @@ class ClaimState:
                   lost=",".join(lost) or "none")  # fmt: skip
         await self._api.node_event(self.node, REBUILT, recovery.message())
         self._tell_shares()
+        self._claims_known()
 
     def _tell_shares(self) -> None:
         """The pods' memory limits of every prepared claim, to services.isolation."""

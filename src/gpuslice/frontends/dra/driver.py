@@ -17,11 +17,17 @@ unprepare of a claim unknown here removes the spec its UID names (one a bad chec
 forgot). What happens to the checkpoint across restarts is frontends.dra.claim_state's;
 calls wait until it is settled. Each prepared claim records its pods' memory limits
 (services.isolation keeps them in force), so they survive a restart with it.
+
+A claim asking for MPS on MIG devices gets its own control daemon (frontends.dra.claim_mps):
+started once its instances exist and its spec is written, recorded PrepareCompleted, and
+quit at unprepare before its instances are destroyed. At start the completed claims'
+daemons are adopted (or started again) and every other claim daemon is quit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -38,6 +44,7 @@ from gpuslice.core.dra.claims import (
     PreparedClaim,
     PrepareResult,
     check_devices,
+    claim_daemon,
     parse_claim,
     prepared_devices,
     sharing_for,
@@ -48,7 +55,9 @@ from gpuslice.core.dra.slices import is_unhealthy
 from gpuslice.core.errors import BackendError
 from gpuslice.core.isolation import Limit
 from gpuslice.core.isolation_dra import claim_limits, claim_pods
+from gpuslice.core.mps import DaemonPlan, claim_resource
 from gpuslice.core.ports import ClaimCheckpoint, ClaimSpecs, DraApi, NodeView, TimeSlicer
+from gpuslice.frontends.dra.claim_mps import ClaimDaemons
 from gpuslice.frontends.dra.claim_state import ClaimState, Planned
 from gpuslice.frontends.dra.dynamic_mig import Key, MigInstances
 from gpuslice.services.claim_shares import ClaimShares
@@ -75,12 +84,14 @@ class DraDriver(ClaimState):
         shares: ClaimShares | None = None,  # per-pod memory limits (--memory-isolation)
         time_slicer: TimeSlicer | None = None,
         mig: MigInstances | None = None,  # --dra-dynamic-mig
+        mps: ClaimDaemons | None = None,  # the claims' own MPS daemons (MPS on MIG)
     ) -> None:
         super().__init__(
             node=node, opts=opts, api=api, checkpoint=checkpoint, specs=specs, shares=shares
         )
         self._slicer = time_slicer
         self.mig = mig
+        self.mps = mps
         self._view = view
         self.toolkit = ToolkitDevices()
         self._control = tuple(control_devices)
@@ -170,20 +181,26 @@ class DraDriver(ClaimState):
         except ClaimError as exc:
             return self._refused(ref, str(exc))
         claim, spec = planned.claim, planned.claim.spec
+        daemon: DaemonPlan | None = None
         try:  # PrepareStarted only marks the spec (and the MIG instances) as ours should the
             # agent be killed: a node crash losing it loses nothing (the spec is an orphan,
             # swept; MIG instances do not survive a reboot), and a torn file is rebuilt;
             # PrepareCompleted, which the answer depends on, is durable
             await self._record(claim, durable=False)
-            text = planned.text
+            text, devices = planned.text, planned.devices
             if planned.partitions:
-                text = await self._create_instances(ref, planned)
+                devices = await self._create_instances(planned)
+                text = self._spec_text(ref.uid, devices, planned.sharing)
             if spec:
                 await self._specs.write(spec, text)
             await self._apply_interval(planned.devices, planned.interval)
-            await self._record(replace(claim, completed=True))
+            if self.mps is not None:
+                daemon = claim_daemon(ref.uid, planned.sharing, devices, self.mps.mps_root)
+                if daemon is not None:
+                    await self.mps.start(daemon)
+            await self._record(replace(claim, completed=True, daemon=daemon))
         except BackendError as exc:
-            await self._roll_back(ref.uid, spec, claim.instances)
+            await self._roll_back(ref.uid, spec, claim.instances, daemon)
             return self._refused(ref, f"claim {ref}: {exc}")
         if self.recovery is not None:
             self.recovery.unverified.discard(ref.uid)
@@ -208,7 +225,8 @@ class DraDriver(ClaimState):
             unhealthy=() if recovering else self._view.unhealthy,
             prepared=self.prepared,
         )
-        sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root)
+        sharing = sharing_for(claim, devices, mps_root=settings.allocate.mps_root,
+                              claims_root=self.mps.mps_root if self.mps else "")  # fmt: skip
         result = prepared_devices(claim, devices, self.opts, self.toolkit)
         text = self._spec_text(ref.uid, devices, sharing)
         pods: tuple[str, ...] = ()
@@ -231,44 +249,58 @@ class DraDriver(ClaimState):
 
     def _spec_text(self, uid: str, devices: Sequence[DraDevice], sharing: ClaimSharing) -> str:
         settings = self._view.settings
+        mps_root = settings.allocate.mps_root
+        if sharing.own_daemon and self.mps is not None:
+            mps_root = self.mps.mps_root  # the claim's own daemon's
         return claim_spec(
             uid,
             devices,
             sharing,
             self.opts,
-            mps_root=settings.allocate.mps_root,
+            mps_root=mps_root,
             dev_root=settings.allocate.dev_root,
             control_devices=self._control,
         )
 
-    async def _rebuilt_text(self, planned: Planned) -> str:
+    async def _rebuilt(self, planned: Planned) -> tuple[PreparedClaim, str]:
         """A claim rebuilt from the API server: its spec names its MIG instances as they
-        are (a partition whose instance is gone is not rebuilt)."""
-        if not planned.partitions or self.mig is None:
-            return planned.text
-        by_name = {p.device.name: p for p in planned.partitions}
-        concrete = []
-        for device in planned.devices:
-            part = by_name.get(device.name)
-            try:
-                found = device if part is None else await self.mig.find(part)
-            except BackendError as exc:
-                raise ClaimError(f"claim {planned.claim.ref}: {exc}") from None
-            if found is None:
-                raise ClaimError(f"claim {planned.claim.ref}: no MIG instance at {device.name}")
-            concrete.append(found)
-        return self._spec_text(planned.claim.ref.uid, concrete, planned.sharing)
+        are (a partition whose instance is gone is not rebuilt), and its MPS daemon is
+        recorded as prepare would have (`_claims_known` then adopts or starts it)."""
+        claim, text, concrete = planned.claim, planned.text, list(planned.devices)
+        if planned.partitions and self.mig is not None:
+            by_name = {p.device.name: p for p in planned.partitions}
+            concrete = []
+            for device in planned.devices:
+                part = by_name.get(device.name)
+                try:
+                    found = device if part is None else await self.mig.find(part)
+                except BackendError as exc:
+                    raise ClaimError(f"claim {claim.ref}: {exc}") from None
+                if found is None:
+                    raise ClaimError(f"claim {claim.ref}: no MIG instance at {device.name}")
+                concrete.append(found)
+            text = self._spec_text(claim.ref.uid, concrete, planned.sharing)
+        daemon = None
+        if self.mps is not None:
+            daemon = claim_daemon(claim.ref.uid, planned.sharing, concrete, self.mps.mps_root)
+        return replace(claim, completed=True, daemon=daemon), text
 
-    async def _create_instances(self, ref: ClaimRef, planned: Planned) -> str:
-        """The claim's MIG instances made at their placements; its spec's text naming
-        them. Raises BackendError."""
+    def _claims_known(self) -> None:
+        """The completed claims' MPS daemons adopted or started again; every other claim
+        daemon quit once idle."""
+        if self.mps is not None:
+            self.mps.restore(self._daemons(self.mps.mps_root))
+
+    async def _create_instances(self, planned: Planned) -> tuple[DraDevice, ...]:
+        """The claim's MIG instances made at their placements: its devices as they are
+        then. Raises BackendError."""
         assert self.mig is not None
         by_name = {p.device.name: p for p in planned.partitions}
         concrete = []
         for device in planned.devices:
             part = by_name.get(device.name)
             concrete.append(device if part is None else await self.mig.create(part))
-        return self._spec_text(ref.uid, concrete, planned.sharing)
+        return tuple(concrete)
 
     async def _apply_interval(self, devices: Sequence[DraDevice], interval: str | None) -> None:
         """A TimeSlicing config's interval set on the claim's GPUs (a MIG device's parent
@@ -285,7 +317,14 @@ class DraDriver(ClaimState):
         await self._checkpoint.save({**self.prepared, claim.ref.uid: claim}, durable=durable)
         self.prepared[claim.ref.uid] = claim
 
-    async def _roll_back(self, uid: str, spec: str, instances: Sequence[Key] = ()) -> None:
+    async def _roll_back(
+        self, uid: str, spec: str, instances: Sequence[Key] = (), daemon: DaemonPlan | None = None
+    ) -> None:
+        if daemon is not None and self.mps is not None:
+            try:
+                await self.mps.stop(daemon.root)
+            except BackendError as exc:  # quit by its supervisor once idle
+                log.error("dra_mps_daemon_not_stopped", uid=uid, error=str(exc))
         if spec:
             await self._remove_quietly(spec)
         if instances and self.mig is not None:
@@ -315,6 +354,8 @@ class DraDriver(ClaimState):
                 self.recovery.unverified.discard(ref.uid)
             return ""
         try:
+            if done.daemon is not None and self.mps is not None:
+                await self.mps.stop(done.daemon.root)  # before its instances go
             if done.instances and self.mig is not None:
                 await self.mig.destroy(done.instances)
             if done.spec:
@@ -341,6 +382,20 @@ class DraDriver(ClaimState):
             await self.mig.sweep(keep)
         except BackendError as exc:
             log.error("dra_mig_sweep_failed", error=str(exc))
+
+    def _daemons(self, mps_root: str) -> list[DaemonPlan]:
+        """The completed claims' daemons, each where its claim's belongs (a checkpoint
+        naming another directory is not followed)."""
+        out = []
+        for uid, claim in self.prepared.items():
+            daemon = claim.daemon
+            if daemon is None or not claim.completed:
+                continue
+            if daemon.root != posixpath.join(mps_root, claim_resource(uid)):
+                log.error("dra_mps_daemon_not_restored", uid=uid, root=daemon.root)
+                continue
+            out.append(daemon)
+        return out
 
     def _refused(self, ref: ClaimRef, why: str) -> PrepareResult:
         log.warning("dra_claim_refused", claim=str(ref), uid=ref.uid, error=why)
