@@ -216,6 +216,22 @@ async def test_instances_of_a_gpu_the_device_plugin_serves_are_never_touched(
         assert all("sharedCounters" not in s["spec"] for s in rig.api.dra.node_slices(NODE))
 
 
+async def test_no_partition_is_offered_whose_instance_the_device_plugin_would_serve(
+    root: str, tmp_path: Path
+) -> None:
+    """Under mixed, nvidia.com/mig-1g.10gb kept on the device plugin (no such device yet):
+    a 1g.10gb instance DRA made would be advertised there too, so none is offered."""
+    h0, kept = "gpu-0000-1b-00-0", ("nvidia.com/mig-1g.10gb",)
+    async with dra_rig(
+        root, tmp_path, hardware="dgx-h100", opts=DYNAMIC, device_plugin=kept,
+        flags={"mig-strategy": "mixed"},
+    ) as rig:  # fmt: skip
+        devices = await rig.published(lambda d: f"{h0}-mig-2g20gb-14-0" in d)
+        assert not [name for name in devices if "-mig-1g10gb-" in name]
+        assert [name for name in devices if "-mig-1g20gb-" in name]
+        assert rig.gpu(0) in rig.frontend.status()["dynamicMigGpus"]
+
+
 async def test_an_unhealthy_gpu_taints_each_of_its_partitions(root: str, tmp_path: Path) -> None:
     opts = DraOptions(dynamic_mig=True, taint_unhealthy=True)
     async with dra_rig(root, tmp_path, hardware=HARDWARE, opts=opts) as rig:

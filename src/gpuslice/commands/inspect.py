@@ -12,7 +12,7 @@ from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_settings
-from gpuslice.core.dra.partitions import owned, partition_node
+from gpuslice.core.dra.partitions import offered, owned, partition_node
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.isolation import (
@@ -150,7 +150,8 @@ def dra_report(
     own = build_resources(snapshot, dra_settings(settings, dra))
     served = dra_resources(own, opts.dra.device_plugin_resources)
     kept = opts.dra.device_plugin_resources
-    parts = partition_node(snapshot, owned(snapshot, [r for r in own if r.name in kept]), tables)
+    gpus = owned(snapshot, [r for r in own if r.name in kept])
+    parts = partition_node(snapshot, gpus, offered(tables, settings, kept))
     devices = parts.served(build_devices(snapshot, served))
     entries, counters = parts.publish(published(devices, frozenset(), dra))
     node = opts.api.node_name or platform.node()

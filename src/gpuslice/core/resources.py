@@ -124,6 +124,17 @@ def mig_resource_name(profile: str) -> str:
     return f"{RESOURCE_PREFIX}mig-{profile.replace('+', '.')}"
 
 
+def mig_names(settings: ResourceSettings, profile: str) -> frozenset[str]:
+    """The names a MIG device of `profile` would be advertised under by these settings: its
+    base resource and each rename of it (none under the none strategy, which serves MIG
+    GPUs whole)."""
+    if settings.mig_strategy == MIG_NONE:
+        return frozenset()
+    base = GPU_RESOURCE if settings.mig_strategy == MIG_SINGLE else mig_resource_name(profile)
+    renamed = (r.advertised_name for r in settings.sharing.rules if r.name == base)
+    return frozenset((base, *renamed))
+
+
 def servable_name(name: str) -> bool:
     """True when some GPU can have resource `name` (prefixed): nvidia.com/gpu, or the
     mixed strategy's nvidia.com/mig-<g>g.<m>gb with an optional NVML attribute."""

@@ -18,13 +18,14 @@ from gpuslice.core.dra.devices import DraOptions, Json
 from gpuslice.core.dra.partitions import (
     PartitionedGpu,
     counter_set_json,
+    offered,
     owned,
     partition_gpu,
     with_counters,
 )
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.resources import build_resources
-from gpuslice.core.sharing import MIG_MIXED
+from gpuslice.core.sharing import MIG_MIXED, MIG_NONE, MIG_SINGLE, ReplicaRule
 
 from . import builders as b
 
@@ -151,3 +152,22 @@ def test_gpus_held_by_the_device_plugin_are_not_partitioned() -> None:
     assert [g.index for g in owned(snapshot, [])] == [0, 1]
     ours = {gpus[0].mig_devices[0].uuid}  # the 1g.5gb is one DRA created for a claim
     assert [g.index for g in owned(snapshot, kept, ours=ours)] == [0, 1]
+
+
+def test_no_profile_is_offered_whose_devices_the_device_plugin_would_serve() -> None:
+    """An instance DRA made of such a profile would show up on the device-plugin API too."""
+    tables = {"GPU-h": H100_80GB}
+
+    def names(settings: object, kept: list[str]) -> set[str]:
+        return {p.name for p in offered(tables, settings, kept)["GPU-h"]}  # type: ignore[arg-type]
+
+    every = {p.name for p in H100_80GB}
+    mixed = b.settings(MIG_MIXED)
+    assert names(mixed, ["nvidia.com/mig-1g.10gb"]) == every - {"1g.10gb"}
+    assert names(mixed, ["nvidia.com/mig-1g.10gb.me"]) == every - {"1g.10gb+me"}
+    assert names(mixed, ["nvidia.com/gpu"]) == every  # whole GPUs only, under mixed
+    assert names(b.settings(MIG_SINGLE), ["nvidia.com/gpu"]) == set()
+    assert names(b.settings(MIG_NONE), ["nvidia.com/gpu"]) == every  # MIG GPUs served whole
+    renamed = b.settings(MIG_MIXED, ReplicaRule("nvidia.com/mig-2g.20gb", 2, rename="small"))
+    assert names(renamed, ["small"]) == every - {"2g.20gb"}
+    assert names(renamed, []) == every

@@ -31,8 +31,8 @@ from gpuslice.core.dra.devices import (
     whole_gpu,
 )
 from gpuslice.core.mig import MEMORY_SLICES, RESETLESS_ARCHITECTURES, MigProfileSpec, Placement
-from gpuslice.core.resources import Resource
-from gpuslice.core.sharing import NONE
+from gpuslice.core.resources import Resource, mig_names
+from gpuslice.core.sharing import NONE, ResourceSettings
 
 ENGINES = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
 CAPACITY = {"copy-engines": "copyEngines", "jpeg-engines": "jpegEngines",
@@ -174,6 +174,19 @@ class Partitioned:
         """The device entries with their consumption, and the counter sets."""
         sets = [counter_set_json(self.gpus[g]) for g in sorted(self.gpus)]
         return with_counters(entries, self.by_name), sets
+
+
+def offered(
+    tables: Mapping[str, Sequence[MigProfileSpec]],
+    settings: ResourceSettings,
+    kept: Collection[str],
+) -> dict[str, tuple[MigProfileSpec, ...]]:
+    """The profile tables less the profiles whose MIG devices the device-plugin API would
+    serve under a name `kept` there: an instance DRA made of one would be served twice."""
+    return {
+        gpu: tuple(p for p in table if not mig_names(settings, p.name) & frozenset(kept))
+        for gpu, table in tables.items()
+    }
 
 
 def partition_node(

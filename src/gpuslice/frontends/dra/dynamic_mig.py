@@ -20,11 +20,12 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraDevice
-from gpuslice.core.dra.partitions import Partition, Partitioned, owned, partition_node
+from gpuslice.core.dra.partitions import Partition, Partitioned, offered, owned, partition_node
 from gpuslice.core.errors import BackendError
 from gpuslice.core.mig import NOT_FOUND, GpuInstance, MigError, mode_change_resets
 from gpuslice.core.ports import GpuBackend, MigControl
 from gpuslice.core.resources import Resource
+from gpuslice.core.sharing import ResourceSettings
 
 log = structlog.get_logger("gpuslice.dra")
 T = TypeVar("T")
@@ -52,17 +53,23 @@ class MigInstances:
         self.now = Partitioned()
 
     async def plan(
-        self, snapshot: HardwareSnapshot, device_plugin: Sequence[Resource], keys: Collection[Key]
+        self,
+        snapshot: HardwareSnapshot,
+        device_plugin: Sequence[Resource],
+        keys: Collection[Key],
+        settings: ResourceSettings,
+        kept: Collection[str] = (),
     ) -> Partitioned:
-        """The GPUs to partition and their devices (profile tables read on the worker);
-        `keys` are the claims' instances, whose MIG devices are DRA's own."""
+        """The GPUs to partition and their devices (profile tables read on the worker),
+        offering no profile the node's `settings` would serve under a name `kept` on the
+        device-plugin API; `keys` are the claims' instances, whose MIG devices are DRA's."""
         starts = {(g, s) for g, _, s in keys}
         enabled = [g.uuid for g in snapshot.gpus if g.mig_capable and g.mig_enabled]
         found = await self._call(partial(_each, enabled, "instances"))
         ours = {i.uuid for g, got in found.items() for i in got if (g, i.placement.start) in starts}
         gpus = owned(snapshot, device_plugin, ours=ours)
         tables = await self._call(partial(_each, [g.uuid for g in gpus], "profiles"))
-        return partition_node(snapshot, gpus, tables)
+        return partition_node(snapshot, gpus, offered(tables, settings, kept))
 
     async def create(self, part: Partition) -> DraDevice:
         """The partition's instance (MIG turned on first where that needs no reset), as

@@ -39,6 +39,7 @@ from gpuslice.core.ports import DraEndpoint, FrontEndStep, NodeView
 from gpuslice.core.resources import Resource, build_resources
 from gpuslice.core.restart import Backoff, jittered
 from gpuslice.core.settings import Settings
+from gpuslice.core.sharing import ResourceSettings
 from gpuslice.core.waiting import first_of
 from gpuslice.frontends.dra.driver import DraDriver
 from gpuslice.frontends.dra.publisher import SlicePublisher
@@ -105,14 +106,18 @@ class DraFrontEnd:
                 await self._look_up_toolkit(self._find_toolkit)
             served: Sequence[DraDevice] = devices
             if self.driver.mig is not None:
-                served = await self._partition(snapshot, kept, devices)
+                served = await self._partition(snapshot, kept, devices, settings.resources)
             await self.driver.set_devices(served)
             self._poked.set()
 
         return step
 
     async def _partition(
-        self, snapshot: HardwareSnapshot, kept: list[Resource], devices: Sequence[DraDevice]
+        self,
+        snapshot: HardwareSnapshot,
+        kept: list[Resource],
+        devices: Sequence[DraDevice],
+        settings: ResourceSettings,
     ) -> list[DraDevice]:
         """--dra-dynamic-mig: the GPUs DRA partitions are published as their partitions
         (their MIG devices as they are now are not: the sweep destroys those no claim
@@ -120,7 +125,7 @@ class DraFrontEnd:
         mig = self.driver.mig
         assert mig is not None
         keys = [k for c in self.driver.prepared.values() for k in c.instances]
-        mig.now = await mig.plan(snapshot, kept, keys)
+        mig.now = await mig.plan(snapshot, kept, keys, settings, self._device_plugin)
         if mig.now.gpus:
             log.info("dra_dynamic_mig_gpus", gpus=",".join(sorted(mig.now.gpus)),
                      devices=len(mig.now.by_name))  # fmt: skip
