@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -20,10 +20,12 @@ from gpuslice.services.agent import Agent
 from gpuslice.services.config_manager import ConfigManager
 from gpuslice.services.isolation import Isolation
 from gpuslice.services.labeller import Labeller
-from gpuslice.services.mig_manager import MigManager
 from gpuslice.services.node_devices import NodeDevices
 from gpuslice.services.sampler import Sampler
 from gpuslice.services.watchdog import Watchdog
+
+if TYPE_CHECKING:  # loaded only with --mig-parted-config
+    from gpuslice.services.mig_manager import MigManager
 
 log = structlog.get_logger("gpuslice.node")
 

@@ -45,7 +45,6 @@ from gpuslice.services.config_source import (
 )
 from gpuslice.services.isolation import Isolation, limit_problem
 from gpuslice.services.labeller import Labeller, LabelPolicy, NodeFeatureSink, snapshot_labels
-from gpuslice.services.mig_manager import MigManager
 from gpuslice.services.mps import MPS_WAITING_REASON, Notify
 from gpuslice.services.node import Apply, LabelOptions, Node, NodeParts, serve_config
 from gpuslice.services.node_devices import NodeDevices
@@ -53,10 +52,10 @@ from gpuslice.services.sampler import SampleHooks, Sampler, SampleSources, owner
 from gpuslice.services.watchdog import Watchdog
 from gpuslice.wiring.agent import CHECKPOINT, Parts, agent, parts, watch
 from gpuslice.wiring.host import plugin_settings
-from gpuslice.wiring.mig import mig_manager
 
 if TYPE_CHECKING:
     from gpuslice.adapters.kube import KubeNodeApi
+    from gpuslice.services.mig_manager import MigManager
 
 __all__ = [
     "Node",
@@ -108,7 +107,11 @@ def build_node(
     node_agent = agent(opts, metrics, chosen, shares=shares, mps_notify=notify)
     devices = node_agent.node
     limits = isolation(opts, machine, devices, shares)
-    mig = mig_manager(opts, api, node_agent)
+    mig = None
+    if opts.device_plugin.mig_parted_config:  # its modules load only then
+        from gpuslice.wiring.mig import mig_manager
+
+        mig = mig_manager(opts, api, node_agent)
     labeller = node_labeller(devices, labels, limits, mig) if labels is not None else None
     sampler, watchdog = accounting(devices, limits) if accounting is not None else (None, None)
     return Node(
