@@ -62,6 +62,8 @@ ONLY_WHEN_USED = (
     "prometheus_client",
     "gpuslice.testing",
     "gpuslice.frontends.dra",  # --dra
+    "gpuslice.core.dra.claims",
+    "gpuslice.core.dra.slices",
     "gpuslice.services.mig_manager",  # --mig-parted-config
     "gpuslice.config.mig_parted",
 )

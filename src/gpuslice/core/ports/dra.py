@@ -7,11 +7,12 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PrepareResult
-from gpuslice.core.dra.health import DeviceHealth
-from gpuslice.core.dra.slices import SliceChange
+if TYPE_CHECKING:  # the DRA model loads with the DRA front-end, not with every run
+    from gpuslice.core.dra.claims import ClaimRef, PreparedClaim, PrepareResult
+    from gpuslice.core.dra.health import DeviceHealth
+    from gpuslice.core.dra.slices import SliceChange
 
 
 class DraHandler(Protocol):
