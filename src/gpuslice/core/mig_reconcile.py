@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuslice.core.devices import HardwareSnapshot, physical_id
+from gpuslice.core.devices import Gpu, physical_id
 from gpuslice.core.mig_layout import GpuPlan, SetMode
 from gpuslice.core.usage import ContainerDevices, ProcessSample
 
@@ -50,12 +50,12 @@ def decide(plans: Sequence[GpuPlan], busy: Iterable[str] = ()) -> LayoutPass:
 
 
 def holders(
-    allocations: Iterable[ContainerDevices], snapshot: HardwareSnapshot
+    allocations: Iterable[ContainerDevices], gpus: Iterable[Gpu]
 ) -> dict[str, tuple[str, ...]]:
     """Device UUID (a GPU's or a MIG device's) -> the pods ("namespace/name") the
     kubelet allocated it to, under any resource and in any ID form (replicas, indexes)."""
     lookup: dict[str, str] = {}
-    for gpu in snapshot.gpus:
+    for gpu in gpus:
         lookup[gpu.uuid] = lookup[str(gpu.index)] = gpu.uuid
         for mig in gpu.mig_devices:
             lookup[mig.uuid] = lookup[f"{gpu.index}:{mig.index}"] = mig.uuid

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from gpuslice.config.mig_parted import load_mig_parted_file
+from gpuslice.core.devices import Gpu
 from gpuslice.core.errors import BackendError, ConfigError, GpusliceError
 from gpuslice.core.mig import IN_USE, RESET_REQUIRED, MigError
 from gpuslice.core.mig_layout import Destroy, GpuPlan, MigGpu, SetMode, plan_layout
@@ -191,17 +192,16 @@ class MigManager:
 
     async def _held(self, gpus: list[MigGpu]) -> list[MigGpu]:
         """`gpus` with who holds their devices now (the kubelet's PodResources)."""
-        used = await self._holders()
+        used = await self._holders([g.gpu for g in gpus])
         return [replace(g, holders=used) for g in gpus]
 
-    async def _holders(self) -> dict[str, tuple[str, ...]]:
-        snapshot = await self._devices.on_backend(lambda backend: backend.snapshot())
+    async def _holders(self, gpus: list[Gpu]) -> dict[str, tuple[str, ...]]:
         try:
             async with self._pods() as pods:
                 listed = await pods.list()
         except Exception as exc:  # no change while who holds what is unknown
             raise BackendError(f"which pods hold the GPUs' devices cannot be read: {exc}") from exc
-        return holders(listed, snapshot)
+        return holders(listed, gpus)
 
     async def _serve_new_devices(self) -> None:
         try:

@@ -80,7 +80,7 @@ def test_holders_name_pods_per_device_in_any_id_form_and_ignore_other_devices() 
         ContainerDevices("web", "b", "main", "nvidia.com/gpu", ("1",)),
         ContainerDevices("x", "y", "main", "example.com/fpga", ("fpga-0",)),
     ]
-    assert holders(listed, snapshot) == {
+    assert holders(listed, snapshot.gpus) == {
         "MIG-a": ("pod ml/train",),
         "GPU-1": ("pod web/a", "pod web/b"),
     }
