@@ -153,7 +153,8 @@ def test_with_dynamic_mig_the_mig_class_selects_every_partition_and_the_agent_is
     backend = FakeBackend.from_spec("h100-80gb")
     snapshot, control = backend.snapshot(), backend.mig_control()
     gpu = snapshot.gpus[0]
-    parted = partition_node(snapshot, [gpu], {gpu.uuid: control.profiles(gpu.uuid)})
+    tables = {gpu.uuid: control.profiles(gpu.uuid)}
+    parted = partition_node(snapshot, [gpu], tables, ResourceSettings(), ())
     backend.close()
     devices = published(parted.served([]), frozenset(), DraOptions(dynamic_mig=True))
     for name, kind in (("mig.nvidia.com", "mig"), ("gpu.nvidia.com", "gpu")):

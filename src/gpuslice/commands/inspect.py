@@ -12,7 +12,7 @@ from gpuslice.config.options import RunOptions
 from gpuslice.config.settings import load_config
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraOptions, build_devices, dra_settings
-from gpuslice.core.dra.partitions import offered, owned, partition_node
+from gpuslice.core.dra.partitions import owned, partition_node
 from gpuslice.core.dra.slices import build_slices, published
 from gpuslice.core.front_ends import dra_resources
 from gpuslice.core.isolation import (
@@ -151,7 +151,7 @@ def dra_report(
     served = dra_resources(own, opts.dra.device_plugin_resources)
     kept = opts.dra.device_plugin_resources
     gpus = owned(snapshot, [r for r in own if r.name in kept])
-    parts = partition_node(snapshot, gpus, offered(tables, settings, kept))
+    parts = partition_node(snapshot, gpus, tables, settings, kept)
     devices = parts.served(build_devices(snapshot, served))
     entries, counters = parts.publish(published(devices, frozenset(), dra))
     node = opts.api.node_name or platform.node()

@@ -190,9 +190,16 @@ def offered(
 
 
 def partition_node(
-    snapshot: HardwareSnapshot, gpus: Iterable[Gpu], tables: Mapping[str, Sequence[MigProfileSpec]]
+    snapshot: HardwareSnapshot,
+    gpus: Iterable[Gpu],
+    tables: Mapping[str, Sequence[MigProfileSpec]],
+    settings: ResourceSettings,
+    kept: Collection[str],
 ) -> Partitioned:
-    """The partitions of `gpus` (`owned`) that have a MIG profile table."""
+    """The partitions of `gpus` (`owned`), of the profiles their tables have that are
+    `offered` (none the node's `settings` would serve under a name `kept` on the
+    device-plugin API)."""
+    tables = offered(tables, settings, kept)
     return Partitioned(
         {g.uuid: partition_gpu(snapshot, g, tables[g.uuid]) for g in gpus if tables.get(g.uuid)}
     )

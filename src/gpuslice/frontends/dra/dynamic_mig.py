@@ -20,7 +20,7 @@ import structlog
 
 from gpuslice.core.devices import HardwareSnapshot
 from gpuslice.core.dra.devices import DraDevice
-from gpuslice.core.dra.partitions import Partition, Partitioned, offered, owned, partition_node
+from gpuslice.core.dra.partitions import Partition, Partitioned, owned, partition_node
 from gpuslice.core.errors import BackendError
 from gpuslice.core.mig import NOT_FOUND, GpuInstance, MigError, mode_change_resets
 from gpuslice.core.ports import GpuBackend, MigControl
@@ -69,7 +69,7 @@ class MigInstances:
         ours = {i.uuid for g, got in found.items() for i in got if (g, i.placement.start) in starts}
         gpus = owned(snapshot, device_plugin, ours=ours)
         tables = await self._call(partial(_each, [g.uuid for g in gpus], "profiles"))
-        return partition_node(snapshot, gpus, offered(tables, settings, kept))
+        return partition_node(snapshot, gpus, tables, settings, kept)
 
     async def create(self, part: Partition) -> DraDevice:
         """The partition's instance (MIG turned on first where that needs no reset), as
